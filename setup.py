@@ -1,0 +1,62 @@
+"""Builds the tscale package, the `tscale` command and the extension tscale._C.
+
+The CPU sources under csrc/ always build; the CUDA sources (*.cu) build when a CUDA toolkit
+and a CUDA build of torch are present, and then define TSCALE_WITH_CUDA. Install with
+`pip install --no-build-isolation -e .` after torch (see the README).
+"""
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+
+def extension():
+    cpp_sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+    cuda_sources = sorted(glob.glob("csrc/**/*.cu", recursive=True))
+    with_cuda = bool(cuda_sources) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
+    if os.environ.get("TSCALE_NO_CUDA") == "1":
+        with_cuda = False
+    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    if with_cuda:
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if not arch:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;8.6;8.9;9.0"
+        return cpp_extension.CUDAExtension(
+            "tscale._C",
+            cpp_sources + cuda_sources,
+            define_macros=[("TSCALE_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--use_fast_math"]},
+            extra_link_args=["-fopenmp"],
+        )
+    return cpp_extension.CppExtension("tscale._C", cpp_sources, extra_compile_args=cxx_flags, extra_link_args=["-fopenmp"])
+
+
+def _torch_has_cuda() -> bool:
+    import torch
+
+    return torch.version.cuda is not None
+
+
+setup(
+    name="tscale",
+    version="0.1.0",
+    description="Train and run transformer language models on GPUs people can own",
+    python_requires=">=3.11",
+    packages=find_packages(include=["tscale", "tscale.*"]) + ["tscale.cli"],
+    package_dir={"tscale.cli": "cli"},
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    install_requires=[
+        "torch>=2.11",
+        "numpy",
+        "click>=8",
+        "rich",
+        "pydantic>=2",
+        "tokenizers>=0.19",
+        "safetensors",
+        "matplotlib",
+    ],
+    entry_points={"console_scripts": ["tscale=tscale.cli.main:main"]},
+)

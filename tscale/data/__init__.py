@@ -1,0 +1,1 @@
+"""Data: tokenizer, the token shard format, tokenization of text, resumable loaders."""

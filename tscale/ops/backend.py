@@ -1,0 +1,31 @@
+"""Loads tscale._C once and decides, once, whether ops run as kernels or as torch references."""
+
+import functools
+import logging
+import os
+
+log = logging.getLogger("tscale.ops")
+
+
+@functools.cache
+def _load() -> tuple[bool, str]:
+    if os.environ.get("TSCALE_OPS") == "reference":
+        return False, "reference ops (TSCALE_OPS=reference)"
+    try:
+        import tscale._C as ext
+    except ImportError as e:
+        return False, f"reference ops (tscale._C not importable: {e}; rebuild with `pip install --no-build-isolation -e .`)"
+    cuda = "with CUDA kernels" if ext.with_cuda else "CPU kernels only"
+    return True, f"tscale._C kernels ({cuda})"
+
+
+def kernels_available() -> bool:
+    return _load()[0]
+
+
+@functools.cache
+def backend() -> str:
+    """A one-line description of the chosen implementation, logged the first time it is asked."""
+    desc = _load()[1]
+    log.info("ops: %s", desc)
+    return desc

@@ -1,0 +1,66 @@
+"""Sign bit-packing (1-bit compression): torch references and the dispatch to tscale._C.
+
+pack_signs(x (N,) float32, chunk) -> bits (ceil(N/8),) uint8, scales (ceil(N/chunk),) float32
+    bit j of byte i is 1 iff x[8i + j] >= 0; scales[c] = mean |x| over chunk c
+unpack_signs(bits, scales, N, chunk) -> (N,) float32, scales[i // chunk] * (+1 or -1)
+unpack_signs_accumulate_(out, bits, scales, chunk): out += unpack_signs(bits, scales, N, chunk)
+
+mean |x| is the scale that minimises ||x - s * sign(x)||^2, so a chunk keeps its L1 mass.
+`chunk` must be a multiple of 8 so that chunks start on byte boundaries.
+"""
+
+import torch
+
+from tscale.ops.backend import kernels_available
+
+_BIT_WEIGHTS = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)
+
+
+def _check_chunk(chunk: int) -> None:
+    if chunk <= 0 or chunk % 8:
+        raise ValueError(f"chunk must be a positive multiple of 8, got {chunk}")
+
+
+def pack_signs_reference(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_chunk(chunk)
+    n = x.numel()
+    n_chunks = -(-n // chunk)
+    absx = torch.zeros(n_chunks * chunk, dtype=torch.float64, device=x.device)
+    absx[:n] = x.abs().double()
+    counts = torch.full((n_chunks,), float(chunk), dtype=torch.float64, device=x.device)
+    counts[-1] = n - (n_chunks - 1) * chunk
+    scales = (absx.view(n_chunks, chunk).sum(1) / counts).float()  # (n_chunks,)
+    signs = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=x.device)
+    signs[:n] = (x >= 0).to(torch.uint8)
+    bits = (signs.view(-1, 8) * _BIT_WEIGHTS.to(x.device)).sum(1, dtype=torch.uint8)  # (ceil(N/8),)
+    return bits, scales
+
+
+def unpack_signs_reference(bits: torch.Tensor, scales: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
+    _check_chunk(chunk)
+    signs = (bits.view(-1, 1) & _BIT_WEIGHTS.to(bits.device)).ne(0).view(-1)[:numel]  # (N,)
+    per_elem = scales.repeat_interleave(chunk)[:numel]  # (N,)
+    return torch.where(signs, per_elem, -per_elem)
+
+
+def _use_kernel(t: torch.Tensor) -> bool:
+    return kernels_available() and (t.device.type == "cpu" or torch.cuda.is_available())
+
+
+def pack_signs(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if _use_kernel(x):
+        return torch.ops.tscale.pack_signs(x.reshape(-1).float(), chunk)
+    return pack_signs_reference(x.reshape(-1).float(), chunk)
+
+
+def unpack_signs(bits: torch.Tensor, scales: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
+    if _use_kernel(bits):
+        return torch.ops.tscale.unpack_signs(bits, scales, numel, chunk)
+    return unpack_signs_reference(bits, scales, numel, chunk)
+
+
+def unpack_signs_accumulate_(out: torch.Tensor, bits: torch.Tensor, scales: torch.Tensor, chunk: int) -> None:
+    if _use_kernel(out):
+        torch.ops.tscale.unpack_signs_accumulate_(out, bits, scales, chunk)
+    else:
+        out += unpack_signs_reference(bits, scales, out.numel(), chunk)
