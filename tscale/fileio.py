@@ -9,6 +9,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask_mode(mode: int) -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -24,6 +30,7 @@ def atomic_path(path: str | os.PathLike):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, _umask_mode(0o666))
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -48,6 +55,7 @@ def atomic_dir(path: str | os.PathLike):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, _umask_mode(0o777))
     try:
         yield tmp
         os.rename(tmp, path)

@@ -1,0 +1,46 @@
+"""Shared pieces of the benchmark programs: environment facts and the docs/bench/NAME.json record."""
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("TSCALE_COMMIT", "unknown")
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def write_record(name: str, metrics: dict, notes: str, out_dir: Path) -> Path:
+    """docs/bench/NAME.json in the schema of DESIGN.md; a re-run replaces it."""
+    record = {
+        "benchmark": name,
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "command": " ".join(["python", *sys.argv]),
+        "metrics": metrics,
+        "notes": notes,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
+    return path

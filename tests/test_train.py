@@ -1,0 +1,155 @@
+"""Training: loss goes down, exact resume after SIGTERM, checkpoints, config and data errors."""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from tscale.config import load_config
+from tscale.data.tokenize import tokenize_corpus
+from tscale.train.checkpoint import checkpoint_dirs
+from tscale.train.loop import train_run
+
+TINY = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=32", "train.batch_size=4",
+        "train.eval_every=0", "train.ckpt_every=0", "train.log_every=1", "optim.warmup_steps=5", "optim.lr=3e-3"]
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory, request) -> Path:
+    """Shakespeare (real text) with a 512-id BPE trained on its training split."""
+    corpus = request.getfixturevalue("shakespeare_jsonl")
+    out = tmp_path_factory.mktemp("tok") / "tokens"
+    tokenize_corpus([corpus], out, vocab_size=512, quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    from conftest import REPO
+
+    for c in [os.environ.get("TSCALE_DATA"), REPO.parent / "shared" / "data", REPO / ".cache" / "demo" / "data"]:
+        if c and Path(c).is_dir():
+            return Path(c)
+    pytest.skip("no data folder")
+
+
+@pytest.fixture(scope="module")
+def shakespeare_jsonl(data_dir):
+    path = data_dir / "shakespeare.jsonl.xz"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+def tiny_cfg(tokens: Path, *extra: str):
+    return load_config(None, [*TINY, f'data.tokens="{tokens}"', *extra])
+
+
+def losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_loss_goes_down_and_val_is_logged(tokens, tmp_path):
+    cfg = tiny_cfg(tokens, "train.steps=40", "train.eval_every=20", "train.eval_batches=2")
+    result = train_run(cfg, tmp_path / "run", quiet=True)
+    curve = losses(tmp_path / "run")
+    assert sorted(curve) == list(range(1, 41))
+    assert sum(list(curve.values())[-5:]) / 5 < sum(list(curve.values())[:5]) / 5 - 0.5
+    assert result.val_loss is not None and result.val_loss < 6.0
+    saved = load_config(tmp_path / "run" / "config.toml")
+    assert saved.model.vocab_size == 512 and saved.train.steps == 40
+
+
+def _stop_when(run: Path, step: int) -> threading.Thread:
+    """SIGTERM this process once metrics.jsonl shows `step`."""
+
+    def watch():
+        path = run / "metrics.jsonl"
+        while not (path.exists() and len(path.read_text().splitlines()) >= step):
+            time.sleep(0.002)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_killed_and_resumed_run_matches_straight_run(tokens, tmp_path):
+    steps = ["train.steps=150", "train.ckpt_every=50", "train.keep_last=2", "model.dropout=0.1"]
+    straight = train_run(tiny_cfg(tokens, *steps), tmp_path / "a", quiet=True)
+
+    run = tmp_path / "b"
+    watcher = _stop_when(run, 60)
+    first = train_run(tiny_cfg(tokens, *steps), run, quiet=True)
+    watcher.join()
+    assert first.stopped_early and 60 <= first.step < 150
+    assert checkpoint_dirs(run)[-1][0] == first.step
+
+    resumed = train_run(load_config(run / "config.toml"), run, resume=True, quiet=True)
+    assert resumed.step == straight.step == 150
+    assert losses(run) == losses(tmp_path / "a")
+    a = safetensors.torch.load_file(str(straight.checkpoint / "model.safetensors"))
+    b = safetensors.torch.load_file(str(resumed.checkpoint / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert len(checkpoint_dirs(run)) == 2  # keep_last
+
+
+def test_time_limit_stops_with_checkpoint(tokens, tmp_path):
+    result = train_run(tiny_cfg(tokens, "train.steps=100000", "train.time_limit_s=1"), tmp_path / "r", quiet=True)
+    assert result.stopped_early and 0 < result.step < 100000
+    assert checkpoint_dirs(tmp_path / "r")[-1][0] == result.step
+
+
+def _cli(run_cli, *args):
+    code, out = run_cli("train", *args)
+    return code, out.strip().splitlines()
+
+
+def test_cli_errors(tokens, tmp_path, run_cli):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[train]\nstepz = 3\n")
+    code, lines = _cli(run_cli, cfg, "-o", tmp_path / "r1", "--tokens", tokens)
+    assert code == 2 and lines == [f"tscale train: error: {cfg}: unknown key train.stepz (did you mean train.steps?)"]
+
+    code, lines = _cli(run_cli, "--set", "train.steps=many", "-o", tmp_path / "r1", "--tokens", tokens)
+    assert code == 2 and len(lines) == 1 and "train.steps" in lines[0] and "'many'" in lines[0]
+
+    code, lines = _cli(run_cli, tmp_path / "nope.toml", "-o", tmp_path / "r1")
+    assert code == 2 and "no such config file" in lines[0]
+
+    code, lines = _cli(run_cli, "-o", tmp_path / "r1", "--tokens", tmp_path / "missing")
+    assert code == 2 and "no such folder" in lines[0]
+
+
+def test_cli_refuses_existing_run_and_other_shape(tokens, tmp_path, run_cli):
+    run = tmp_path / "run"
+    args = [a for s in TINY for a in ("--set", s)] + ["--set", "train.steps=3", "--tokens", tokens, "-o", run, "--quiet"]
+    code, out = run_cli("train", *args)
+    assert code == 0, out
+    code, lines = _cli(run_cli, *args)
+    assert code == 2 and "already holds files" in lines[0] and "--resume" in lines[0]
+
+    code, lines = _cli(run_cli, "-o", run, "--resume", "--set", "model.d_model=64", "--set", "train.steps=6")
+    assert code == 2 and len(lines) == 1 and "different model shape" in lines[0]
+
+    code, out = run_cli("train", "-o", run, "--resume", "--set", "train.steps=6", "--quiet")
+    assert code == 0 and "step 6" in out
+    assert sorted(losses(run)) == list(range(1, 7))
+
+
+def test_truncated_shard_is_refused(tokens, tmp_path, run_cli):
+    import shutil
+
+    broken = tmp_path / "tokens"
+    shutil.copytree(tokens, broken)
+    shard = broken / "train-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    code, lines = _cli(run_cli, "--tokens", broken, "-o", tmp_path / "r")
+    assert code == 2 and len(lines) == 1 and "train-00000.bin" in lines[0] and "truncated" in lines[0]

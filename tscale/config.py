@@ -1,0 +1,168 @@
+"""Typed run configuration: TOML file + `--set key.path=value` overrides, validated, saved resolved.
+
+Every field has a default, so a TOML file only says what differs. Unknown keys and values of
+the wrong type are errors that name the file and the key. The resolved configuration (after
+overrides and after values taken from the data, such as the vocabulary size) is written to
+the run folder as config.toml, which `--resume` reads back.
+"""
+
+import difflib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tscale.errors import UserError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The transformer's shape. `vocab_size` 0 means: take it from the token folder."""
+
+    arch: Literal["gpt2"] = "gpt2"
+    n_layer: int = Field(12, ge=1)
+    n_head: int = Field(12, ge=1)
+    d_model: int = Field(768, ge=8)
+    seq_len: int = Field(1024, ge=2)
+    vocab_size: int = Field(0, ge=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class OptimConfig(_Section):
+    """AdamW and the learning-rate schedule: linear warmup, then cosine or linear decay to min_lr_ratio * lr."""
+
+    lr: float = Field(6e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(100, ge=0)
+    decay: Literal["cosine", "linear"] = "cosine"
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0)
+
+
+class TrainConfig(_Section):
+    """The loop: steps, batch, device, evaluation, checkpoints, logging."""
+
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    seed: int = 1337
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    compile: bool = False
+    eval_every: int = Field(200, ge=0)
+    eval_batches: int = Field(20, ge=1)
+    ckpt_every: int = Field(500, ge=0)
+    keep_last: int = Field(3, ge=1)
+    log_every: int = Field(10, ge=1)
+    time_limit_s: float = Field(0.0, ge=0)
+
+
+class DataConfig(_Section):
+    """Where the token folder is (relative paths are relative to the working directory)."""
+
+    tokens: str = ""
+
+
+class RunConfig(_Section):
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value is read as a TOML value; anything TOML can't read is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _known_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _unknown_key_message(key: str) -> str:
+    close = difflib.get_close_matches(key, _known_keys(RunConfig), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown key {key}{hint}"
+
+
+def apply_override(tree: dict, assignment: str) -> None:
+    """Apply one `a.b.c=value` to a nested dict."""
+    if "=" not in assignment:
+        raise UserError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set train.steps=100")
+    key, text = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise UserError(f"--set {key}: {part} is not a section")
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def validate(tree: dict, origin: str) -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise UserError(f"{origin}: {_unknown_key_message(key)}") from None
+        raise UserError(f"{origin}: {key}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
+    """Read a TOML file (or start from defaults), apply overrides, validate."""
+    tree: dict = {}
+    origin = "defaults"
+    if path is not None:
+        origin = str(path)
+        try:
+            tree = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(f"{path}: no such config file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: not valid TOML ({e})") from None
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    if overrides:
+        origin += " + --set"
+    return validate(tree, origin)
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The resolved config as TOML text (every key written, so a run is self-describing)."""
+    lines = []
+    for section, values in cfg.model_dump().items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")

@@ -1,0 +1,19 @@
+"""The transformer architectures (pure torch modules) and the registry that builds them by name."""
+
+import torch.nn as nn
+
+from tscale.config import ModelConfig
+from tscale.model.gpt2 import GPT2
+from tscale.model.kv_cache import KVCache
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {"gpt2": GPT2}
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """A freshly initialised model of the configured architecture."""
+    if cfg.vocab_size <= 0:
+        raise ValueError("model.vocab_size must be resolved (from the token folder) before building")
+    return ARCHITECTURES[cfg.arch](cfg)
+
+
+__all__ = ["ARCHITECTURES", "KVCache", "build_model"]

@@ -1,0 +1,122 @@
+"""The `gpt2` architecture: the plain GPT-2 transformer, kept forever as the baseline.
+
+Pre-LayerNorm blocks, GELU MLP of width 4C, learned absolute positions, biases, tied input
+embedding and output head, GPT-2 initialisation (residual projections scaled by 1/sqrt(2L)).
+The embedding table is padded to a multiple of 64 rows for fast matrix shapes; the logits
+are cut back to the real vocabulary, so padded ids never get probability.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tscale.config import ModelConfig
+from tscale.model.kv_cache import KVCache
+
+VOCAB_MULTIPLE = 64
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        assert cfg.d_model % cfg.n_head == 0, "d_model must be divisible by n_head"
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        dropout = self.dropout if self.training else 0.0
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        else:
+            k, v = cache.update(layer, k, v)  # (B, H, pos+T, D)
+            # query i sits at absolute position pos+i and sees keys 0..pos+i
+            mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return F.dropout(self.proj(y), dropout, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")), self.dropout, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), layer, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        padded_vocab = -(-cfg.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        self.wte = nn.Embedding(padded_vocab, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, padded_vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
+        c = self.cfg
+        return KVCache(c.n_layer, batch, c.n_head, max_len, c.d_model // c.n_head, device, dtype)
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions."""
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {start + T} positions exceeds model.seq_len {self.cfg.seq_len}")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        x = F.dropout(x, self.cfg.dropout, self.training)
+        for i, block in enumerate(self.blocks):
+            x = block(x, i, cache)
+        if cache is not None:
+            cache.advance(T)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V_padded)
+        return logits[..., : self.cfg.vocab_size]
+
+    def matmul_params(self) -> int:
+        """Parameters that take part in matrix products per token (embedding lookups excluded, head included)."""
+        return sum(p.numel() for n, p in self.named_parameters() if n.endswith("weight") and p.dim() == 2 and "wpe" not in n)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6N for the matrices plus 12 L C T for attention scores and values."""
+        c = self.cfg
+        return 6 * self.matmul_params() + 12 * c.n_layer * c.d_model * seq_len

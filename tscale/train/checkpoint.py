@@ -1,0 +1,129 @@
+"""Checkpoints: run/ckpt/step-NNNNNNN/ with weights, model config, tokenizer and training state.
+
+  model.safetensors   weights (tied tensors stored once)
+  model.json          the ModelConfig the weights belong to
+  tokenizer.json      the tokenizer of the token folder the model was trained on
+  train_state.pt      optimizer, loader position, RNG states, step (only for --resume)
+  manifest.json       format "tscale-checkpoint" v1, step, checksums
+
+A checkpoint is built in a temporary folder and renamed into place, never overwritten; the
+oldest are removed beyond `keep_last`.
+"""
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.nn as nn
+
+from tscale.config import ModelConfig
+from tscale.errors import UserError
+from tscale.fileio import atomic_dir
+from tscale.manifest import load_manifest, write_manifest
+
+CKPT_FORMAT = "tscale-checkpoint"
+CKPT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{7,})$")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    model_cfg: ModelConfig
+    manifest: dict
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    @property
+    def weights_path(self) -> Path:
+        return self.path / "model.safetensors"
+
+    @property
+    def state_path(self) -> Path:
+        return self.path / "train_state.pt"
+
+
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of the complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "ckpt"
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and (child / "manifest.json").is_file():
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module, model_cfg: ModelConfig,
+                    tokenizer_path: str | os.PathLike, train_state: dict, keep_last: int) -> Path:
+    path = Path(run_dir) / "ckpt" / f"step-{step:07d}"
+    if path.exists():
+        return path
+    with atomic_dir(path) as tmp:
+        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+        (tmp / "model.json").write_text(model_cfg.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+        torch.save(train_state, tmp / "train_state.pt")
+        files = ["model.safetensors", "model.json", "tokenizer.json", "train_state.pt"]
+        write_manifest(tmp, CKPT_FORMAT, CKPT_VERSION, files, step=step)
+    for _, old in checkpoint_dirs(run_dir)[:-keep_last]:
+        shutil.rmtree(old)
+    return path
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """A checkpoint folder, or a run folder (then its newest checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such checkpoint or run folder")
+    if not (path / "manifest.json").is_file() and (path / "ckpt").is_dir():
+        found = checkpoint_dirs(path)
+        if not found:
+            raise UserError(f"{path}: run folder has no complete checkpoint yet")
+        path = found[-1][1]
+    manifest = load_manifest(path, CKPT_FORMAT, (CKPT_VERSION,))
+    try:
+        model_cfg = ModelConfig.model_validate(json.loads((path / "model.json").read_text(encoding="utf-8")))
+    except Exception as e:
+        raise UserError(f"{path / 'model.json'}: not a valid model config ({e})") from None
+    return Checkpoint(path=path, step=manifest["step"], model_cfg=model_cfg, manifest=manifest)
+
+
+def load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
+    """Load the checkpoint's weights into `model`, refusing one of another shape with a clear error."""
+    stored = safetensors.torch.load_file(str(ckpt.weights_path))
+    own = model.state_dict()
+    for name, tensor in stored.items():
+        if name not in own:
+            raise UserError(f"{ckpt.path}: checkpoint has weight {name!r} that this model lacks (another architecture?)")
+        if own[name].shape != tensor.shape:
+            raise UserError(
+                f"{ckpt.path}: weight {name} has shape {tuple(tensor.shape)}, the model expects "
+                f"{tuple(own[name].shape)} (checkpoint of a different model shape)")
+    missing, _ = safetensors.torch.load_model(model, str(ckpt.weights_path), strict=False)
+    if missing:
+        raise UserError(f"{ckpt.path}: checkpoint lacks weights {sorted(missing)[:3]} (another architecture?)")
+
+
+def load_train_state(ckpt: Checkpoint) -> dict:
+    return torch.load(ckpt.state_path, map_location="cpu", weights_only=True)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
+    """Build the checkpoint's model, load its weights, put it in eval mode on `device`."""
+    from tscale.model import build_model
+
+    ckpt = open_checkpoint(path)
+    model = build_model(ckpt.model_cfg)
+    load_weights(model, ckpt)
+    return model.to(device).eval(), ckpt

@@ -1,0 +1,222 @@
+"""The training loop: data, model, AdamW, schedule, evaluation, checkpoints, signals, resume.
+
+`train_run` composes the pieces and owns no math. A run folder holds config.toml (resolved),
+metrics.jsonl and ckpt/. `--resume` restores weights, optimizer, loader position and RNG
+state from the newest checkpoint, so a run killed and resumed matches one that never
+stopped. SIGTERM and SIGINT end the current step, save a checkpoint and return.
+"""
+
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tscale.config import RunConfig, to_toml
+from tscale.data.loader import TrainLoader, val_batches
+from tscale.data.shards import TokenFolder
+from tscale.devices import peak_flops, resolve_autocast_dtype, resolve_device
+from tscale.errors import UserError
+from tscale.fileio import write_text_atomic
+from tscale.model import build_model
+from tscale.model.loss import mean_loss
+from tscale.optim.adamw import build_adamw
+from tscale.optim.schedule import lr_at
+from tscale.train.checkpoint import checkpoint_dirs, load_train_state, load_weights, open_checkpoint, save_checkpoint
+from tscale.train.metrics import MetricsLog, ProgressLine
+
+
+@dataclass
+class TrainResult:
+    step: int
+    last_loss: float | None
+    val_loss: float | None
+    checkpoint: Path | None
+    stopped_early: bool
+
+
+class _StopFlag:
+    """Set by SIGTERM / SIGINT; the loop checks it between steps."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool) -> None:
+    """Create the run folder; refuse one that holds anything else, or, to resume, one without a run."""
+    if resume:
+        if not (run_dir / "config.toml").is_file():
+            raise UserError(f"{run_dir}: no run to resume (config.toml missing)")
+        return
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(f"{run_dir}: already holds files (another run?); pass --resume to continue "
+                        f"that run, or choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def resolve_data(cfg: RunConfig) -> TokenFolder:
+    """Open the token folder and take the vocabulary size from it."""
+    if not cfg.data.tokens:
+        raise UserError("data.tokens is not set: give the token folder in the config or with --set data.tokens=DIR")
+    folder = TokenFolder(cfg.data.tokens)
+    if cfg.model.vocab_size == 0:
+        cfg.model.vocab_size = folder.vocab_size
+    elif cfg.model.vocab_size < folder.vocab_size:
+        raise UserError(f"model.vocab_size = {cfg.model.vocab_size} is smaller than the token folder's "
+                        f"vocabulary ({folder.vocab_size}); remove the key to take it from the data")
+    return folder
+
+
+@torch.no_grad()
+def evaluate(model, folder: TokenFolder, cfg: RunConfig, device, autocast) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in val_batches(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.eval_batches):
+        with autocast():
+            logits = model(x.to(device))
+        total += mean_loss(logits, y.to(device)).item() * y.numel()
+        count += y.numel()
+    model.train()
+    return total / count
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _restore_rng(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, quiet: bool = False) -> TrainResult:
+    run_dir = Path(run_dir)
+    folder = resolve_data(cfg)
+    prepare_run_dir(run_dir, cfg, resume)
+    device = resolve_device(cfg.train.device)
+    amp_dtype = resolve_autocast_dtype(cfg.train.dtype, device)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model).to(device)
+    optimizer = build_adamw(model, cfg.optim, device)
+    loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed)
+    step = 0
+    if resume and checkpoint_dirs(run_dir):
+        ckpt = open_checkpoint(run_dir)
+        load_weights(model, ckpt)
+        state = load_train_state(ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"])
+        _restore_rng(state["rng"], device)
+        step = state["step"]
+    write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None)
+
+    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return mean_loss(model(x), y)  # (B, T) ids -> scalar; one graph under compile, logits never kept
+
+    step_loss = torch.compile(forward_loss) if cfg.train.compile else forward_loss
+
+    tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+    flops_per_token = model.flops_per_token(cfg.model.seq_len)
+    peak = peak_flops(device)
+    last_ckpt: Path | None = None
+    last_loss = val_loss = None
+    t_start = time.time()
+
+    def checkpoint() -> Path:
+        state = {"step": step, "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
+                 "rng": _rng_state(device)}
+        return save_checkpoint(run_dir, step, model, cfg.model, folder.tokenizer_path, state, cfg.train.keep_last)
+
+    progress = ProgressLine(cfg.train.steps, step, quiet=quiet)
+    progress.note(f"training {cfg.model.arch}: {sum(p.numel() for p in model.parameters()):,} parameters "
+                  f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
+                  f"steps {step}..{cfg.train.steps}")
+    stopped_early = False
+    with _StopFlag() as stop, progress:
+        t_log, step_at_log = time.time(), step
+        loss_sum = torch.zeros((), device=device)
+        while step < cfg.train.steps:
+            lr = lr_at(step, cfg.train.steps, cfg.optim)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            for _ in range(cfg.train.grad_accum):
+                x, y = (t.to(device, non_blocking=True) for t in loader.next_batch(pin=device.type == "cuda"))
+                with autocast():
+                    loss = step_loss(x, y) / cfg.train.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+            final = step == cfg.train.steps
+            if step % cfg.train.log_every == 0 or final:
+                now = time.time()
+                last_loss = loss_sum.item() / (step - step_at_log)
+                tps = tokens_per_step * (step - step_at_log) / max(now - t_log, 1e-9)
+                record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": grad_norm.item(),
+                          "tokens_per_s": tps, "mfu": tps * flops_per_token / peak if peak else None,
+                          "tokens": step * tokens_per_step, "elapsed_s": now - t_start,
+                          "mem_gb": _memory_gb(device)}
+                if not math.isfinite(last_loss):
+                    raise UserError(f"loss became {last_loss} at step {step}; lower optim.lr or raise "
+                                    f"optim.warmup_steps (last checkpoint: {last_ckpt or 'none'})")
+                metrics.write(record)
+                progress.update(step, record)
+                t_log, step_at_log = time.time(), step
+                loss_sum.zero_()
+            if cfg.train.eval_every and (step % cfg.train.eval_every == 0 or final):
+                t_eval = time.time()
+                val_loss = evaluate(model, folder, cfg, device, autocast)
+                metrics.write({"step": step, "val_loss": val_loss})
+                progress.note(f"step {step}: val loss {val_loss:.4f}")
+                t_log += time.time() - t_eval  # throughput counts training time only
+            out_of_time = cfg.train.time_limit_s and time.time() - t_start > cfg.train.time_limit_s
+            if stop.signal is not None or out_of_time:
+                stopped_early = not final
+                last_ckpt = checkpoint()
+                why = f"signal {signal.Signals(stop.signal).name}" if stop.signal is not None else "train.time_limit_s"
+                progress.note(f"stopped by {why} at step {step}; checkpoint {last_ckpt}")
+                break
+            if final or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0):
+                t_ckpt = time.time()
+                last_ckpt = checkpoint()
+                t_log += time.time() - t_ckpt
+    metrics.close()
+    return TrainResult(step=step, last_loss=last_loss, val_loss=val_loss, checkpoint=last_ckpt,
+                       stopped_early=stopped_early)
+
+
+def _memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
