@@ -68,7 +68,7 @@ class PlainGPT2(nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln_f(x))  # (B, T, V)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def baseline_tokens_per_s(batch: int, seq_len: int, steps: int, warmup: int) -> float:
@@ -148,6 +148,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tokens = args.tokens or random_token_folder(Path(tmp) / "tokens", (args.steps + args.warmup + 5) * args.batch_size * (args.seq_len + 1))
         ours, last = ours_tokens_per_s(tokens, args.batch_size, args.seq_len, args.steps, args.warmup)
+    print(f"ours: {ours:,.0f} tokens/s", flush=True)
     base = baseline_tokens_per_s(args.batch_size, args.seq_len, args.steps, args.warmup)
 
     from tscale.config import ModelConfig
