@@ -21,30 +21,12 @@ TINY = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=
 
 
 @pytest.fixture(scope="module")
-def tokens(tmp_path_factory, request) -> Path:
+def tokens(tmp_path_factory, shakespeare_jsonl) -> Path:
     """Shakespeare (real text) with a 512-id BPE trained on its training split."""
-    corpus = request.getfixturevalue("shakespeare_jsonl")
+    corpus = shakespeare_jsonl
     out = tmp_path_factory.mktemp("tok") / "tokens"
     tokenize_corpus([corpus], out, vocab_size=512, quiet=True)
     return out
-
-
-@pytest.fixture(scope="module")
-def data_dir():
-    from conftest import REPO
-
-    for c in [os.environ.get("TSCALE_DATA"), REPO.parent / "shared" / "data", REPO / ".cache" / "demo" / "data"]:
-        if c and Path(c).is_dir():
-            return Path(c)
-    pytest.skip("no data folder")
-
-
-@pytest.fixture(scope="module")
-def shakespeare_jsonl(data_dir):
-    path = data_dir / "shakespeare.jsonl.xz"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
 
 
 def tiny_cfg(tokens: Path, *extra: str):
