@@ -16,12 +16,17 @@ BF16_PEAK_FLOPS = {
 }
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, option: str = "train.device") -> torch.device:
+    """"auto", "cpu", "cuda" or "cuda:N" as a torch.device; `option` names the setting in errors."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"train.device = {name!r} but no CUDA GPU is visible; use device = \"cpu\" or \"auto\"")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"{option} = {name!r}: not a device (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{option} = {name!r}: no CUDA GPU is visible; use cpu or auto")
+    return device
 
 
 def resolve_autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:

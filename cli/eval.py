@@ -1,0 +1,66 @@
+"""`tscale eval`: checkpoint + token folder -> eval.json (val loss, perplexity, bits per byte) [+ loss-curve PNG]."""
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tscale.devices import resolve_device
+from tscale.errors import UserError
+from tscale.eval import evaluate_checkpoint, plot_curves, run_dir_of
+from tscale.fileio import write_json_atomic
+
+
+@click.command("eval")
+@click.argument("ckpt", type=click.Path())
+@click.option("--tokens", "tokens_dir", type=click.Path(), required=True, help="Token folder whose val split is scored.")
+@click.option("--out", type=click.Path(), help="eval.json to write [default: RUN/eval.json, or ./eval.json].")
+@click.option("--batch-size", type=int, default=8, show_default=True, help="Windows of seq_len tokens per forward pass.")
+@click.option("--max-tokens", type=int, help="Score at most this many val tokens (a quick, partial evaluation).")
+@click.option("--plot", type=click.Path(), help="Also draw the run's train/val loss curves into this PNG.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, device) -> None:
+    """Score CKPT (a checkpoint folder, or a run folder for its newest checkpoint) on the val split of TOKENS."""
+    if not Path(ckpt).exists():
+        raise UserError(f"{ckpt}: no such checkpoint or run folder")
+    run_dir = run_dir_of(ckpt)
+    metrics = None
+    if plot is not None:
+        if run_dir is None:
+            raise UserError(f"{ckpt}: not inside a run folder, so there are no loss curves for --plot")
+        metrics = run_dir / "metrics.jsonl"
+        if not metrics.is_file():
+            raise UserError(f"{metrics}: no such file; --plot needs the run's metrics")
+    out = Path(out) if out else (run_dir / "eval.json" if run_dir is not None else Path("eval.json"))
+    err = Console(stderr=True, highlight=False)
+    with Progress(TextColumn("scoring val tokens"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+                  TimeElapsedColumn(), console=err, disable=not err.is_terminal) as progress:
+        task = progress.add_task("eval", total=None)
+        result = evaluate_checkpoint(ckpt, tokens_dir, resolve_device(device, "--device"), batch_size, max_tokens,
+                                     on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+    write_json_atomic(out, result)
+    _print_table(result)
+    console = Console(highlight=False)
+    console.print(f"-> {out}")
+    if metrics is not None:
+        plot_curves(metrics, plot, title=f"{run_dir.name}", eval_point=(result["step"], result["val_loss"]))
+        console.print(f"-> {plot}")
+
+
+def _print_table(r: dict) -> None:
+    def bpb(v):
+        return "-" if v is None else f"{v:.4f}"
+
+    table = Table(title=f"{r['checkpoint']} (step {r['step']:,}) on {r['tokens_dir']}")
+    for col in ("source", "tokens", "loss", "perplexity", "bits/byte"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for name, s in sorted(r["by_source"].items()):
+        table.add_row(name, f"{s['tokens']:,}", f"{s['loss']:.4f}", f"{s['perplexity']:.2f}", bpb(s["bits_per_byte"]))
+    table.add_section()
+    table.add_row("all", f"{r['val_tokens']:,}", f"{r['val_loss']:.4f}", f"{r['perplexity']:.2f}", bpb(r["bits_per_byte"]),
+                  style="bold")
+    table.add_row("unigram baseline", "", f"{r['unigram_loss']:.4f}", "", "", style="dim")
+    Console(highlight=False).print(table)
+

@@ -1,0 +1,55 @@
+"""`tscale infer`: checkpoint + prompt(s) -> completion on stdout, or prompts JSONL -> completions JSONL."""
+
+import sys
+
+import click
+from rich.console import Console
+
+from tscale.devices import resolve_device
+from tscale.errors import UserError
+from tscale.infer import Engine, GenerationParams, SamplingParams, check_new_output, read_requests, write_completions
+
+
+@click.command("infer")
+@click.argument("ckpt", type=click.Path())
+@click.option("--prompt", help="Complete this text and stream the completion to stdout (\"\" starts from end-of-text).")
+@click.option("--prompts", "prompts_file", type=click.Path(), help="JSONL file, one {\"prompt\": ...} per line (needs --out).")
+@click.option("--out", type=click.Path(), help="JSONL file to create with one completion per prompt line.")
+@click.option("--max-new-tokens", type=int, default=200, show_default=True, help="Most tokens to generate per prompt.")
+@click.option("--temperature", type=float, default=0.8, show_default=True, help="Sampling temperature; 0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Sample among the k most likely tokens; 0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Sample from the smallest set with this much probability; 1 = off.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed; the same seed gives the same output.")
+@click.option("--stop", multiple=True, help="Stop when the text contains this string (not included); repeatable.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, device) -> None:
+    """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
+    if (prompt is None) == (prompts_file is None):
+        raise UserError("give exactly one of --prompt TEXT and --prompts FILE.jsonl")
+    if prompts_file is not None and out is None:
+        raise UserError("--prompts needs --out FILE.jsonl for the completions")
+    if prompt is not None and out is not None:
+        raise UserError("--out goes with --prompts; a single --prompt streams to stdout")
+    params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed).check()
+    err = Console(stderr=True, highlight=False)
+    if prompts_file is not None:
+        requests = read_requests(prompts_file, params)
+        check_new_output(out)
+        engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"))
+
+        def report(i, c):
+            err.print(f"[{i + 1}/{len(requests)}] {c.tokens} tokens, {c.finish_reason}")
+
+        write_completions(engine, requests, out, on_done=report)
+        err.print(f"{len(requests)} completion(s) -> {out}")
+        return
+    engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"))
+    stream = engine.stream(prompt, params)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    c = stream.completion
+    err.print(f"[{c.tokens} tokens, finish: {c.finish_reason}]", style="dim")
+

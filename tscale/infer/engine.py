@@ -1,0 +1,177 @@
+"""Text generation with the KV cache: prefill the prompt, decode token by token, stream text, stop.
+
+One prompt at a time: `Engine.stream(prompt, params)` returns a `TextStream`, an iterator of
+text pieces in the order they are decoded; once exhausted, its `completion` holds the whole
+text, why it ended ("eos", "stop" or "length") and the token count. Pieces never split a
+multi-byte UTF-8 character (a decoded tail of U+FFFD is held back until its bytes complete)
+and never show a stop string or the part of one that may still be completed, so the pieces
+joined are exactly the final text. Batch files (JSONL in, JSONL out) are in `tscale.infer.batch`.
+"""
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+from tokenizers import Tokenizer
+
+from tscale.data.tokenizer import EOS, decode, eos_id, load_tokenizer
+from tscale.errors import UserError
+from tscale.infer.sampling import SamplingParams, make_generator, sample_next
+
+REPLACEMENT = "\ufffd"  # what the decoder shows for bytes of a character not complete yet
+FINISH_REASONS = ("eos", "stop", "length")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What to generate: at most max_new_tokens, sampled with `sampling`, cut at the first stop string."""
+
+    max_new_tokens: int = 200
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    seed: int | None = 0
+
+    def check(self, where: str = "") -> "GenerationParams":
+        at = f"{where}: " if where else ""
+        if self.max_new_tokens < 0:
+            raise UserError(f"{at}max_new_tokens {self.max_new_tokens}: must be >= 0")
+        if any(not s for s in self.stop):
+            raise UserError(f"{at}a stop string is empty")
+        self.sampling.check(where)
+        return self
+
+
+@dataclass
+class Completion:
+    prompt: str
+    text: str
+    finish_reason: str  # "eos" | "stop" | "length"
+    tokens: int  # tokens sampled, the eos or the ones spelling a stop string included
+
+
+class Engine:
+    """A model in eval mode, its tokenizer and device: turns prompts into completions."""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.eos = eos_id(tokenizer)
+        self.seq_len: int = model.cfg.seq_len
+        on_cuda = self.device.type == "cuda"
+        self.cache_dtype = torch.bfloat16 if on_cuda else torch.float32
+        self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else contextlib.nullcontext
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "Engine":
+        from tscale.train.checkpoint import load_model
+
+        model, ckpt = load_model(path, device)
+        return cls(model, load_tokenizer(ckpt.tokenizer_path), device)
+
+    def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:
+        """Prompt ids; an empty prompt starts from eos. `<|endoftext|>` in the text is the eos token."""
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else [self.eos]
+        if len(ids) > self.seq_len:
+            raise UserError(f"{where}: {len(ids)} tokens, more than the model's context of {self.seq_len} "
+                            f"(shorten it; the model sees at most model.seq_len tokens)")
+        return ids
+
+    @torch.no_grad()
+    def token_stream(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+                     generator: torch.Generator | None) -> Iterator[int]:
+        """Sampled ids, one per forward pass; ends after max_new_tokens, or once the context is full.
+
+        Lazy: the next forward pass runs only when the consumer asks for the next id, so a
+        consumer that stops (eos, stop string) costs nothing more.
+        """
+        if max_new_tokens <= 0:
+            return
+        cache = self.model.new_cache(1, self.seq_len, self.device, self.cache_dtype)
+        x = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # (1, P)
+        for i in range(max_new_tokens):
+            with self._autocast():
+                logits = self.model(x, cache)[:, -1]  # (1, V)
+            tok = int(sample_next(logits, sampling, generator)[0])
+            yield tok
+            if cache.pos >= self.seq_len:  # the next token would have no position left
+                return
+            x = torch.tensor([[tok]], dtype=torch.long, device=self.device)  # (1, 1)
+
+    def stream(self, prompt: str, params: GenerationParams, prompt_ids: list[int] | None = None) -> "TextStream":
+        params.check()
+        ids = self.encode_prompt(prompt) if prompt_ids is None else prompt_ids
+        return TextStream(self, prompt, ids, params)
+
+    def generate(self, prompt: str, params: GenerationParams, prompt_ids: list[int] | None = None) -> Completion:
+        s = self.stream(prompt, params, prompt_ids)
+        for _ in s:
+            pass
+        return s.completion
+
+
+class TextStream:
+    """Iterate for text pieces; afterwards `completion` is set."""
+
+    def __init__(self, engine: Engine, prompt: str, prompt_ids: list[int], params: GenerationParams):
+        self.engine, self.prompt, self.prompt_ids, self.params = engine, prompt, prompt_ids, params
+        self.completion: Completion | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        eng, stops = self.engine, self.params.stop
+        generator = make_generator(self.params.seed)
+        ids: list[int] = []
+        text, emitted, sampled, reason = "", 0, 0, "length"
+        for tok in eng.token_stream(self.prompt_ids, self.params.max_new_tokens, self.params.sampling, generator):
+            sampled += 1
+            if tok == eng.eos:
+                reason = "eos"
+                break
+            ids.append(tok)
+            text = decode(eng.tokenizer, ids)
+            stable = len(text) - _trailing_replacements(text)
+            cut = _find_stop(text[:stable], stops, emitted)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+                break
+            safe = stable - _held_stop_prefix(text[:stable], stops)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+        if reason != "stop":
+            cut = _find_stop(text, stops, emitted)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+        if len(text) > emitted:
+            yield text[emitted:]
+        self.completion = Completion(self.prompt, text, reason, sampled)
+
+
+def _trailing_replacements(text: str) -> int:
+    n = 0
+    while n < len(text) and text[len(text) - 1 - n] == REPLACEMENT:
+        n += 1
+    return n
+
+
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
+    """Index of the earliest stop string in text[start:] (as an index into text), or None."""
+    found = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+def _held_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that is the start of a stop string (it may still become one)."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+__all__ = ["EOS", "FINISH_REASONS", "Completion", "Engine", "GenerationParams", "TextStream"]
