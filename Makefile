@@ -12,7 +12,7 @@ RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 install:
 	@$(PYTHON) -c "import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 11) else 1)" 2>/dev/null \
 		|| $(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install numpy click rich "pydantic>=2" "tokenizers>=0.19" safetensors matplotlib pybind11 ninja setuptools wheel
+	$(PIP) install "setuptools>=64" wheel pybind11 ninja numpy click rich "pydantic>=2" "tokenizers>=0.19" safetensors matplotlib
 	$(PIP) install --no-build-isolation -e .
 
 test: install
