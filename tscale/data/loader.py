@@ -73,13 +73,19 @@ class TrainLoader:
 
 
 def val_batches(folder: TokenFolder, seq_len: int, batch_size: int, max_batches: int):
-    """The first `max_batches` batches of full validation windows, always the same ones."""
+    """At most `max_batches` batches of validation windows spread evenly over the whole split.
+
+    The same windows every time, so in-training validation losses are comparable across steps,
+    and drawn from every part of the split rather than from its first source only.
+    """
     shards = [s.tokens for s in folder.shards("val")]
     windows = _window_table([len(s) for s in shards], seq_len)
     if len(windows) == 0:
         raise UserError(f"{folder.path}: the val split has no window of {seq_len + 1} tokens; "
                         f"lower model.seq_len or add validation documents")
-    for b in range(0, min(len(windows), batch_size * max_batches), batch_size):
-        rows = windows[b: b + batch_size]
+    wanted = min(len(windows), batch_size * max_batches)
+    picked = windows[np.linspace(0, len(windows) - 1, wanted).round().astype(np.int64)]
+    for b in range(0, wanted, batch_size):
+        rows = picked[b: b + batch_size]
         data = torch.from_numpy(np.stack([shards[s][o: o + seq_len + 1].astype(np.int64) for s, o in rows]))
         yield data[:, :-1], data[:, 1:]  # (B, T), (B, T)
