@@ -1,13 +1,31 @@
-"""`tscale build-index`: tokens/ -> index/ (suffix-array index; not built yet)."""
+"""`tscale build-index`: tokens/ -> index/ (options only; the work is tscale.index.build)."""
 
 import click
+from rich.console import Console
 
-from tscale.errors import UserError
+from tscale.index.build import DEFAULT_MAX_MEMORY_GB, build_index as build
 
 
 @click.command("build-index")
 @click.argument("tokens", type=click.Path())
-@click.option("-o", "--out", type=click.Path(), required=True, help="Index folder to create.")
-def build_index(tokens: str, out: str) -> None:
-    """Build the suffix-array index of a token folder (not built yet)."""
-    raise UserError("build-index is not built yet in this version of tscale")
+@click.option("-o", "--out", type=click.Path(), required=True, help="Index folder to create (must not exist).")
+@click.option("--max-memory-gb", type=float, default=DEFAULT_MAX_MEMORY_GB, show_default=True,
+              help="Memory for building one shard's suffix array; bounds the shard size.")
+@click.option("--shard-tokens", type=int, help="At most this many tokens per index shard (default: from --max-memory-gb).")
+@click.option("--decontaminate", type=int, metavar="N",
+              help="Leave out training documents that share an N-token span with a validation document.")
+@click.option("--features", is_flag=True, help="Also write per-token lookups (features-{split}-NNNNN.bin) for the token folder.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress display.")
+def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, quiet) -> None:
+    """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
+    m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
+              shard_tokens=shard_tokens, quiet=quiet)
+    console = Console(highlight=False)
+    b = m["build"]
+    console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "
+                  f"{m['bytes_per_token']} bytes/token, {b['seconds']:.1f} s -> {out}")
+    if m["decontamination"]:
+        d = m["decontamination"]
+        console.print(f"decontamination ({d['ngram']}-grams): dropped {d['dropped_docs']:,} documents, {d['dropped_tokens']:,} tokens")
+    if m["features"]:
+        console.print(f"features written for train and val (max match length {m['features']['max_len']})")

@@ -1,0 +1,259 @@
+"""The token index: suffix arrays, streaming lookup, leave-one-out, decontamination, features, CLI errors."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tscale.data.shards import TokenFolder
+from tscale.errors import UserError
+from tscale.index import Index, build_index
+from tscale.index.features import read_features
+from tscale.index.lookup import MERGE_TOPK, merge_shards
+from tscale.ops import index as ops
+from tscale.ops.backend import kernels_available
+
+needs_kernels = pytest.mark.skipif(not kernels_available(), reason="tscale._C not built")
+
+
+def _streams(rng):
+    yield rng.integers(0, 50, 400)
+    yield rng.integers(0, 2, 300)
+    yield np.full(257, 7)
+    yield np.tile([3, 1, 4, 1, 5], 61)
+    yield np.tile([2, 2, 2, 9], 40)
+    yield np.array([5])
+    yield rng.integers(0, 65535, 200)
+
+
+@needs_kernels
+def test_suffix_array_matches_sorted_suffixes():
+    rng = np.random.default_rng(0)
+    for s in _streams(rng):
+        for dtype in (np.uint16, np.uint32):
+            toks = s.astype(dtype)
+            np.testing.assert_array_equal(ops.suffix_array(toks), ops.suffix_array_reference(toks))
+
+
+def _random_case(rng, trial):
+    vocab = int(rng.integers(2, 6))
+    text = rng.integers(0, vocab, int(rng.integers(1, 250))).astype(np.uint16)
+    text[rng.random(len(text)) < 0.08] = vocab  # eos = vocab
+    query = rng.integers(0, vocab + 1, 120)
+    if trial % 2 == 0 and len(text) >= 80:
+        query[10:90] = text[:80]
+    excl = None
+    if trial % 3 == 1:  # one range for the whole query, like a document's own lookups
+        s = int(rng.integers(0, len(text)))
+        excl = np.tile([s, s + int(rng.integers(0, 60))], (len(query), 1))
+    elif trial % 3 == 2:  # a different range at every position
+        s = rng.integers(0, len(text), len(query))
+        excl = np.stack([s, s + rng.integers(0, 60, len(query))], axis=1)
+    return vocab, text, query, excl
+
+
+@needs_kernels
+def test_lookup_matches_brute_force():
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        vocab, text, query, excl = _random_case(rng, trial)
+        sa, first = ops.suffix_array(text), ops.first_table(text, vocab + 1)
+        max_len = 64 if trial % 4 == 0 else int(rng.integers(1, 8))
+        for eos in (-1, vocab):
+            got = ops.index_lookup(text, sa, first, query, excl, eos, max_len, 3, 1 << 30)
+            want = ops.index_lookup_reference(text, sa, first, query, excl, eos, max_len, 3, 0)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+
+
+@needs_kernels
+def test_lookup_does_not_depend_on_chunking():
+    rng = np.random.default_rng(2)
+    text = np.tile(rng.integers(0, 40, 3000), 3).astype(np.uint16)
+    text[rng.random(len(text)) < 0.001] = 40
+    sa, first = ops.suffix_array(text), ops.first_table(text, 41)
+    query = np.concatenate([text[:20000], rng.integers(0, 41, 20000)])
+    full = ops.index_lookup(text, sa, first, query, None, 40, 64, 2, 64)
+    cut = 16384 - 300  # a later slice puts the kernel's chunk boundaries elsewhere
+    part = ops.index_lookup(text, sa, first, query[cut:], None, 40, 64, 2, 64)
+    for f, p in zip(full, part):
+        np.testing.assert_array_equal(f[cut + 100:], p[100:])
+
+
+def test_merge_shards_sums_counts_at_the_longest_length():
+    a = (np.array([2, 3]), np.array([[5, 6], [1, -1]]), np.array([[4, 1], [2, 0]]))
+    b = (np.array([2, 1]), np.array([[6, 7], [9, -1]]), np.array([[4, 1], [7, 0]]))
+    lens, nxt, cnt = merge_shards([a, b], 2)
+    np.testing.assert_array_equal(lens, [2, 3])
+    np.testing.assert_array_equal(nxt, [[6, 5], [1, -1]])
+    np.testing.assert_array_equal(cnt, [[5, 4], [2, 0]])
+
+
+def _write_tokens(folder: Path, train_docs: list[list[int]], val_docs: list[list[int]], vocab: int = 40,
+                  tokenizer_text: str = "{}") -> Path:
+    """A token folder written directly (docs given as token lists; eos = vocab - 1 appended)."""
+    from tscale.data.shards import TOKENS_FORMAT, TOKENS_VERSION, ShardWriter
+    from tscale.manifest import write_manifest
+
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text(tokenizer_text)
+    splits, files = {}, ["tokenizer.json"]
+    for split, docs in (("train", train_docs), ("val", val_docs)):
+        w = ShardWriter(folder, split, np.dtype("<u2"), 60)
+        for d in docs:
+            w.add(np.array(d + [vocab - 1]), 0, len(d))
+        splits[split] = w.close()
+        files += w.files()
+    write_manifest(folder, TOKENS_FORMAT, TOKENS_VERSION, files, vocab_size=vocab, eos_id=vocab - 1, dtype="<u2",
+                   tokenizer="tokenizer.json", sources=["test"], splits=splits)
+    return folder
+
+
+def _docs(rng, count, vocab=39):
+    return [list(rng.integers(0, vocab, int(rng.integers(5, 25)))) for _ in range(count)]
+
+
+@pytest.fixture
+def token_folder(tmp_path):
+    rng = np.random.default_rng(3)
+    train = _docs(rng, 30)
+    val = _docs(rng, 6)
+    val[1], val[3] = list(rng.integers(0, 39, 25)), list(rng.integers(0, 39, 25))
+    train[4] = train[4][:3] + val[1][2:17] + train[4][3:]  # shares a 15-token span with validation
+    train[11] = val[3][:9] + [0] + val[3][9:13]  # shares only short spans
+    train[20] = list(train[7])  # an exact duplicate inside train
+    return _write_tokens(tmp_path / "tokens", train, val)
+
+
+def _index_docs(folder: TokenFolder) -> list[np.ndarray]:
+    return [np.asarray(s.tokens[a:b]) for s in folder.shards("train") for a, b in zip(s.docs[:, 0].astype(int), s.doc_ends)]
+
+
+@needs_kernels
+def test_sharded_index_lookup_and_leave_one_out(token_folder, tmp_path):
+    m = build_index(token_folder, tmp_path / "index", shard_tokens=100, quiet=True)
+    assert len(m["shards"]) > 2 and all(s["tokens"] <= 100 for s in m["shards"])
+    index = Index(tmp_path / "index", verify=True)
+    folder = TokenFolder(token_folder)
+    texts = [np.asarray(s.tokens) for s in index.shards]
+    assert np.array_equal(np.concatenate(texts), np.concatenate(_index_docs(folder)))  # train only, in order
+    val = np.asarray(folder.shards("val")[0].tokens)
+    for query, excl in ((val, None), _train_query(index, folder)):
+        got = index.lookup(query, excl, max_len=12, topk=3)
+        want = [ops.index_lookup_reference(t, None, None, query, _shift(excl, s.offset, len(t)), index.eos_id, 12,
+                                               MERGE_TOPK, 0)
+                for t, s in zip(texts, index.shards)]
+        lens, nxt, cnt = merge_shards(want, 3)
+        np.testing.assert_array_equal(got[0], lens)
+        np.testing.assert_array_equal(got[1], nxt)
+        np.testing.assert_array_equal(got[2], cnt)
+    query, excl = _train_query(index, folder)
+    lens, _, _ = index.lookup(query, excl, max_len=64, topk=1)
+    plain, _, _ = index.lookup(query, None, max_len=64, topk=1)
+    pos = np.arange(len(query))
+    shard_last = np.array([s.offset + len(s.tokens) - 1 for s in index.shards])
+    inner = ~np.isin(pos, shard_last)  # a shard's last token has no next token, so cannot match itself
+    assert np.array_equal(plain[inner], (pos - excl[:, 0] + 1)[inner])  # without leave-one-out: itself
+    assert (lens < plain).mean() > 0.5  # with it, most positions lose their own document
+    s, e = index.doc_ranges()[_doc_key(folder, 20)]  # doc 20 is a copy of doc 7, which still counts
+    np.testing.assert_array_equal(lens[s:e - 1], plain[s:e - 1])
+
+
+def _doc_key(folder, flat_doc):
+    sizes = [len(s.docs) for s in folder.shards("train")]
+    k = 0
+    while flat_doc >= sizes[k]:
+        flat_doc -= sizes[k]
+        k += 1
+    return k, flat_doc
+
+
+def _train_query(index, folder):
+    """The index's own tokens as a query, each position excluding its own document."""
+    query = np.concatenate([np.asarray(s.tokens) for s in index.shards]).astype(np.int64)
+    excl = np.zeros((len(query), 2), dtype=np.int64)
+    for s, e in index.doc_ranges().values():
+        excl[s:e] = (s, e)
+    return query, excl
+
+
+def _shift(excl, offset, n):
+    if excl is None:
+        return None
+    loc = np.clip(excl - offset, 0, n)
+    loc[loc[:, 0] >= loc[:, 1]] = -1
+    return loc
+
+
+@needs_kernels
+def test_decontamination_drops_exactly_the_overlapping_docs(token_folder, tmp_path):
+    folder = TokenFolder(token_folder)
+    n = 13
+    val_grams = set()
+    for s in folder.shards("val"):
+        for g in ops.doc_ngrams_reference(s.tokens, s.docs[:, 0].astype(np.int64), n):
+            val_grams |= g
+    want = np.concatenate([ops.docs_with_ngrams_reference(s.tokens, s.docs[:, 0].astype(np.int64), n, val_grams)
+                           for s in folder.shards("train")])
+    assert want.sum() == 1
+    m = build_index(token_folder, tmp_path / "index", decontaminate=n, quiet=True)
+    assert m["decontamination"]["dropped_docs"] == 1
+    index = Index(tmp_path / "index")
+    kept = [d for d, w in zip(_index_docs(folder), want) if not w]
+    assert np.array_equal(np.concatenate([np.asarray(s.tokens) for s in index.shards]), np.concatenate(kept))
+    assert build_index(token_folder, tmp_path / "i2", decontaminate=4, quiet=True)["decontamination"]["dropped_docs"] >= 2
+
+
+@needs_kernels
+def test_features_match_lookups(token_folder, tmp_path):
+    build_index(token_folder, tmp_path / "index", features=True, quiet=True)
+    index = Index(tmp_path / "index", verify=True)
+    folder = TokenFolder(token_folder)
+    assert index.manifest["features"]["max_len"] == 64
+    query, excl = _train_query(index, folder)
+    lens, nxt, _ = index.lookup(query, excl, max_len=64, topk=1)
+    train = np.concatenate([read_features(index.path, n, folder.dtype) for n in folder.manifest["splits"]["train"]["shards"]])
+    np.testing.assert_array_equal(train["len"], lens)
+    np.testing.assert_array_equal(train["next"], np.where(nxt[:, 0] >= 0, nxt[:, 0], index.vocab_size))
+    val_name = folder.manifest["splits"]["val"]["shards"][0]
+    val = read_features(index.path, val_name, folder.dtype)
+    assert np.array_equal(val["len"], index.lookup(folder.shards("val")[0].tokens, max_len=64, topk=1)[0])
+
+
+@needs_kernels
+def test_real_text_index(shakespeare_jsonl, gpt2_bpe, tmp_path, run_cli):
+    tokens = tmp_path / "tokens"
+    assert run_cli("tokenize", shakespeare_jsonl, "--tokenizer", gpt2_bpe, "-o", tokens, "-q", "--val-modulus", "5")[0] == 0
+    code, out = run_cli("build-index", tokens, "-o", tmp_path / "index", "-q")
+    assert code == 0, out
+    m = json.loads((tmp_path / "index" / "manifest.json").read_text())
+    folder = TokenFolder(tokens)
+    assert m["num_tokens"] == folder.num_tokens("train") and 6.0 <= m["bytes_per_token"] < 6.1
+    index = Index(tmp_path / "index")
+    val = np.asarray(folder.shards("val")[0].tokens[:3000])
+    lens, nxt, cnt = index.lookup(val, max_len=16, topk=4)
+    assert lens.mean() > 2 and (cnt[:, 0] >= cnt[:, 1]).all()
+
+
+def test_cli_errors(token_folder, tmp_path, run_cli):
+    out = tmp_path / "index"
+    out.mkdir()
+    code, msg = run_cli("build-index", token_folder, "-o", out)
+    assert code == 2 and "already exists" in msg and len(msg.strip().splitlines()) == 1
+    (token_folder / "val-00000.bin").unlink()
+    code, msg = run_cli("build-index", token_folder, "-o", tmp_path / "i2")
+    assert code == 2 and "val-00000.bin" in msg and len(msg.strip().splitlines()) == 1
+    code, msg = run_cli("build-index", tmp_path / "nowhere", "-o", tmp_path / "i3")
+    assert code == 2 and "nowhere" in msg
+
+
+@needs_kernels
+def test_index_refuses_tokens_of_another_tokenizer(token_folder, tmp_path):
+    build_index(token_folder, tmp_path / "index", quiet=True)
+    other = _write_tokens(tmp_path / "other", [[1, 2, 3]], [[4, 5]], tokenizer_text='{"other": 1}')
+    with pytest.raises(UserError, match="tokenizer sha256"):
+        Index(tmp_path / "index").check_tokens(TokenFolder(other))
+    (tmp_path / "index" / "shard-00000.sa").unlink()
+    with pytest.raises(UserError, match="shard-00000.sa"):
+        Index(tmp_path / "index")

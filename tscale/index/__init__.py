@@ -1,0 +1,11 @@
+"""The token index: suffix arrays over the training tokens, longest-match lookups, per-token features.
+
+build_index(tokens, out, ...)  the build-index stage (tscale/index/build.py)
+Index(path).lookup(tokens, exclude_ranges=None, max_len=64, topk=4)
+    -> match_len (N,), next_tokens (N, k), next_counts (N, k)  (tscale/index/lookup.py)
+"""
+
+from tscale.index.build import build_index
+from tscale.index.lookup import Index
+
+__all__ = ["Index", "build_index"]

@@ -1,0 +1,127 @@
+"""The build-index stage: a token folder's training documents -> sharded suffix arrays (tokens/ -> index/).
+
+Only training documents enter the index (optionally minus those sharing an n-gram with
+validation, see decontaminate.py). Documents are appended whole, in token-folder order, to
+shards of at most `shard_tokens` tokens, chosen so that building one shard's suffix array stays
+within the memory setting; each shard's suffix array is built by the SA-IS kernel. Everything
+is written into a temporary folder renamed into place when complete, manifest last.
+"""
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tscale.data.shards import TokenFolder
+from tscale.errors import UserError
+from tscale.fileio import atomic_dir
+from tscale.index import features as feats
+from tscale.index.decontaminate import contaminated_docs
+from tscale.index.lookup import DOC_COLUMNS, INDEX_FORMAT, INDEX_VERSION, SA_BYTES, Index, tokens_identity
+from tscale.manifest import write_manifest
+from tscale.ops import index as ops
+
+MAX_SHARD_TOKENS = (1 << 32) - 1
+# Working memory per token while one shard's suffix array is built: the gathered tokens (2-4),
+# SA-IS text and array (4 + 4), type bytes and recursion (~2); 64-bit indices above 2^31 tokens.
+BUILD_BYTES_32 = 12
+BUILD_BYTES_64 = 24
+DEFAULT_MAX_MEMORY_GB = 8.0
+
+
+def shard_tokens_for(max_memory_gb: float) -> int:
+    """The largest shard whose suffix-array build fits in `max_memory_gb`."""
+    budget = int(max_memory_gb * (1 << 30))
+    small = budget // BUILD_BYTES_32
+    if small < (1 << 31) - 2:
+        return max(1, small)
+    return max((1 << 31) - 2, min(MAX_SHARD_TOKENS, budget // BUILD_BYTES_64))
+
+
+def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb: float = DEFAULT_MAX_MEMORY_GB,
+                decontaminate: int | None = None, features: bool = False, shard_tokens: int | None = None,
+                quiet: bool = False) -> dict:
+    """Build the index folder `out` from the token folder `tokens`; return its manifest."""
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"{out}: already exists; choose another -o or delete it")
+    if max_memory_gb <= 0:
+        raise UserError(f"--max-memory-gb {max_memory_gb}: must be positive")
+    if decontaminate is not None and decontaminate < 1:
+        raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
+    limit = min(shard_tokens or MAX_SHARD_TOKENS, shard_tokens_for(max_memory_gb))
+    folder = TokenFolder(tokens)
+    for split in ("train", "val"):
+        folder.shards(split)  # open (and check) every shard before starting
+    t0 = time.perf_counter()
+    dropped = [np.zeros(len(s.docs), bool) for s in folder.shards("train")]
+    if decontaminate:
+        dropped = contaminated_docs(folder, decontaminate)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
+                        TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
+    with progress, atomic_dir(out) as tmp:
+        task = progress.add_task("building suffix arrays", total=folder.num_tokens("train"))
+        shards, files, sort_s = [], [], 0.0
+        for n, (toks, docs) in enumerate(_assemble(folder, dropped, limit)):
+            name = f"shard-{n:05d}"
+            t1 = time.perf_counter()
+            sa = ops.suffix_array(toks)
+            sort_s += time.perf_counter() - t1
+            toks.tofile(tmp / f"{name}.tok")
+            sa.astype("<u4", copy=False).tofile(tmp / f"{name}.sa")
+            docs.astype("<u8").tofile(tmp / f"{name}.docs")
+            shards.append({"name": name, "tokens": len(toks), "docs": len(docs)})
+            files += [f"{name}.{ext}" for ext in ("tok", "sa", "docs")]
+            progress.advance(task, len(toks))
+        progress.update(task, completed=folder.num_tokens("train"))
+        total = sum(s["tokens"] for s in shards)
+        disk = sum((tmp / f).stat().st_size for f in files)
+        fields = dict(
+            tokens=tokens_identity(folder), vocab_size=folder.vocab_size, eos_id=folder.eos_id, dtype=folder.dtype.str,
+            sa_bytes=SA_BYTES, shards=shards, num_tokens=total, num_docs=sum(s["docs"] for s in shards),
+            bytes_per_token=round(disk / total, 4) if total else None,
+            decontamination=_decontamination_record(folder, dropped, decontaminate),
+            build={"max_memory_gb": max_memory_gb, "shard_tokens_limit": limit, "seconds": round(time.perf_counter() - t0, 3),
+                   "suffix_array_seconds": round(sort_s, 3)},
+            features=None,
+        )
+        manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
+        if features:
+            written = feats.write_features(Index(tmp), folder, tmp, progress)
+            fields["features"] = written["record"]
+            manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files + written["files"], **fields)
+    return manifest
+
+
+def _assemble(folder: TokenFolder, dropped: list[np.ndarray], limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (tokens, docs (D, 3)) per index shard: kept training documents, whole, in order."""
+    parts: list[np.ndarray] = []
+    rows: list[tuple[int, int, int]] = []
+    size = 0
+    for k, (shard, drop) in enumerate(zip(folder.shards("train"), dropped)):
+        starts, ends = shard.docs[:, 0].astype(np.int64), shard.doc_ends
+        for d in np.flatnonzero(~drop):
+            s, e = int(starts[d]), int(ends[d])
+            if e - s > limit:
+                raise UserError(f"{shard.path}: document {d} has {e - s:,} tokens, more than a shard may hold "
+                                f"({limit:,}); raise --max-memory-gb")
+            if size + e - s > limit:
+                yield np.concatenate(parts), np.array(rows, dtype=np.uint64).reshape(-1, DOC_COLUMNS)
+                parts, rows, size = [], [], 0
+            parts.append(shard.tokens[s:e])
+            rows.append((size, k, int(d)))
+            size += e - s
+    if rows:
+        yield np.concatenate(parts), np.array(rows, dtype=np.uint64).reshape(-1, DOC_COLUMNS)
+
+
+def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: int | None) -> dict | None:
+    if not n:
+        return None
+    tokens = sum(int((s.doc_ends - s.docs[:, 0].astype(np.int64))[d].sum()) for s, d in zip(folder.shards("train"), dropped))
+    return {"ngram": n, "method": "64-bit hashes of every n-gram of the validation documents",
+            "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": tokens}

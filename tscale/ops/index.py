@@ -1,0 +1,133 @@
+"""Token-index ops (suffix array, streaming longest-match lookup, n-gram overlap): numpy references and the dispatch to tscale._C.
+
+suffix_array(tokens (n,) uint16|uint32) -> (n,) uint32: suffix starts in lexicographic order
+index_lookup(text, sa, first, query, excl, eos, max_len, topk, max_support)
+    -> len (N,) int32, next (N, topk) int64, count (N, topk) int64; see csrc/index/lookup.cpp
+ngram_hashes(tokens, starts, n) -> int64 hashes of the n-grams inside each document
+docs_with_ngrams(tokens, starts, n, sorted_hashes) -> bool (D,)
+
+The references are brute force (quadratic or worse): they define the results and are what the
+tests compare the kernels against, on small inputs. Arrays are numpy on both sides.
+"""
+
+import numpy as np
+import torch
+
+from tscale.ops.backend import kernels_available
+
+NO_RANGE = -1
+
+
+def _signed_view(tokens: np.ndarray) -> torch.Tensor:
+    """A zero-copy int16/int32 tensor over uint16/uint32 token ids (the kernels read them unsigned)."""
+    tokens = np.ascontiguousarray(tokens)
+    if tokens.dtype.itemsize == 2:
+        return torch.from_numpy(tokens.view(np.int16))
+    return torch.from_numpy(tokens.astype(np.uint32, copy=False).view(np.int32))
+
+
+# ---- suffix array -------------------------------------------------------------------------
+
+def suffix_array_reference(tokens: np.ndarray) -> np.ndarray:
+    toks = [int(t) for t in tokens]
+    return np.array(sorted(range(len(toks)), key=lambda i: toks[i:]), dtype=np.uint32)
+
+
+def suffix_array(tokens: np.ndarray) -> np.ndarray:
+    if not kernels_available():
+        return suffix_array_reference(tokens)
+    if len(tokens) == 0:
+        return np.zeros(0, dtype=np.uint32)
+    return torch.ops.tscale.suffix_array(_signed_view(tokens)).numpy().view(np.uint32)
+
+
+# ---- lookup -------------------------------------------------------------------------------
+
+def first_table(text: np.ndarray, vocab_size: int) -> np.ndarray:
+    """(V + 1,) int64: suffixes starting with token a occupy sa[first[a] : first[a + 1]]."""
+    counts = np.bincount(np.asarray(text), minlength=vocab_size)[:vocab_size]
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def _context_starts(query: np.ndarray, eos: int) -> np.ndarray:
+    """Per position, the first position its context may reach back to (just after the last eos before it)."""
+    n = len(query)
+    start = np.zeros(n, dtype=np.int64)
+    if eos >= 0 and n > 1:
+        after = np.flatnonzero(query[:-1] == eos) + 1  # positions right after an eos
+        marks = np.zeros(n, dtype=np.int64)
+        marks[after] = after
+        start = np.maximum.accumulate(marks)
+    return start
+
+
+def _top(tokens: np.ndarray, topk: int) -> tuple[list[int], list[int]]:
+    vals, cnts = np.unique(tokens, return_counts=True)
+    order = sorted(range(len(vals)), key=lambda j: (-cnts[j], vals[j]))[:topk]
+    nxt = [int(vals[j]) for j in order] + [-1] * (topk - len(order))
+    cnt = [int(cnts[j]) for j in order] + [0] * (topk - len(order))
+    return nxt, cnt
+
+
+def index_lookup_reference(text, sa, first, query, excl, eos, max_len, topk, max_support):
+    """Brute force by scanning every start position; `sa`, `first` and `max_support` are unused (exact counts)."""
+    text = np.asarray(text, dtype=np.int64)
+    query = np.asarray(query, dtype=np.int64)
+    n, big = len(text), len(query)
+    lens = np.zeros(big, dtype=np.int32)
+    nexts = np.full((big, topk), -1, dtype=np.int64)
+    counts = np.zeros((big, topk), dtype=np.int64)
+    ctx = _context_starts(query, eos)
+    starts = np.arange(n)
+    for i in range(big):
+        es, ee = (excl[i] if excl is not None and len(excl) else (NO_RANGE, NO_RANGE))
+        for length in range(min(max_len, i - ctx[i] + 1), 0, -1):
+            pat = query[i - length + 1: i + 1]
+            cand = starts[~((starts + length >= es) & (starts < ee)) & (starts + length < n)]
+            for k in range(length):
+                cand = cand[text[cand + k] == pat[k]]
+            if len(cand):
+                lens[i] = length
+                nxt, cnt = _top(text[cand + length], topk)
+                nexts[i], counts[i] = nxt, cnt
+                break
+    return lens, nexts, counts
+
+
+def index_lookup(text, sa, first, query, excl, eos: int, max_len: int, topk: int, max_support: int):
+    query = np.ascontiguousarray(query, dtype=np.int64)
+    excl = np.zeros((0, 2), dtype=np.int64) if excl is None else np.ascontiguousarray(excl, dtype=np.int64)
+    if not kernels_available():
+        return index_lookup_reference(text, sa, first, query, excl, eos, max_len, topk, max_support)
+    out = torch.ops.tscale.index_lookup(
+        _signed_view(text), torch.from_numpy(np.ascontiguousarray(sa).view(np.int32)), torch.from_numpy(first),
+        torch.from_numpy(query), torch.from_numpy(excl), eos, max_len, topk, max_support)
+    return tuple(t.numpy() for t in out)
+
+
+# ---- n-gram overlap (decontamination) -----------------------------------------------------
+
+def doc_ngrams_reference(tokens: np.ndarray, starts: np.ndarray, n: int) -> list[set[tuple]]:
+    """Per document, the set of its n-grams (its final eos excluded)."""
+    ends = np.append(starts[1:], len(tokens)) - 1
+    out = []
+    for s, e in zip(starts, ends):
+        doc = [int(t) for t in tokens[s:e]]
+        out.append({tuple(doc[i:i + n]) for i in range(len(doc) - n + 1)})
+    return out
+
+
+def docs_with_ngrams_reference(tokens, starts, n: int, ngrams: set[tuple]) -> np.ndarray:
+    return np.array([bool(d & ngrams) for d in doc_ngrams_reference(tokens, starts, n)], dtype=bool)
+
+
+def ngram_hashes(tokens: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    t = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+    return torch.ops.tscale.ngram_hashes(t, torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)), n).numpy()
+
+
+def docs_with_ngrams(tokens: np.ndarray, starts: np.ndarray, n: int, sorted_hashes: np.ndarray) -> np.ndarray:
+    t = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+    s = torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64))
+    h = torch.from_numpy(np.ascontiguousarray(sorted_hashes, dtype=np.int64))
+    return torch.ops.tscale.docs_with_ngrams(t, s, n, h).numpy()
