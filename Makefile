@@ -33,6 +33,7 @@ demo: install $(DEMO)/tokens/manifest.json
 
 bench: install
 	$(PYTHON) scripts/bench/train_throughput.py
+	$(PYTHON) scripts/bench/bitpack_throughput.py
 
 e2e: install
 	bash scripts/e2e.sh

@@ -18,7 +18,7 @@ def extension():
     with_cuda = bool(cuda_sources) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
     if os.environ.get("TSCALE_NO_CUDA") == "1":
         with_cuda = False
-    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    cxx_flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch.utils.cpp_extension picks for this torch
     if with_cuda:
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if not arch:
@@ -27,7 +27,7 @@ def extension():
             "tscale._C",
             cpp_sources + cuda_sources,
             define_macros=[("TSCALE_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--use_fast_math"]},
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
             extra_link_args=["-fopenmp"],
         )
     return cpp_extension.CppExtension("tscale._C", cpp_sources, extra_compile_args=cxx_flags, extra_link_args=["-fopenmp"])

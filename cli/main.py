@@ -1,5 +1,6 @@
 """The `tscale` command group: registers the five stage commands and turns UserError into exit 2."""
 
+import os
 import sys
 
 import click
@@ -17,7 +18,8 @@ class TScaleGroup(click.Group):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             name = ctx.invoked_subcommand or ctx.info_name
-            click.echo(f"tscale {name}: error: {e}", err=True)
+            if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
+                click.echo(f"tscale {name}: error: {e}", err=True)
             sys.exit(2)
 
 

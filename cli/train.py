@@ -15,7 +15,10 @@ from tscale.config import load_config
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its newest checkpoint.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def train(config: str | None, out: str, overrides: tuple[str, ...], tokens: str | None, resume: bool, quiet: bool) -> None:
-    """Train a model. CONFIG is a TOML file (see configs/); with --resume it is read from the run folder."""
+    """Train a model. CONFIG is a TOML file (see configs/); with --resume it is read from the run folder.
+
+    Launched by torchrun, each process is one data-parallel rank (see docs/distributed.md).
+    """
     from tscale.train.loop import train_run
 
     source = Path(out) / "config.toml" if resume else config
@@ -23,6 +26,8 @@ def train(config: str | None, out: str, overrides: tuple[str, ...], tokens: str 
     if tokens:
         cfg.data.tokens = tokens
     result = train_run(cfg, out, resume=resume, quiet=quiet)
+    if result.rank != 0:
+        return
     summary = f"step {result.step}"
     if result.val_loss is not None:
         summary += f", val loss {result.val_loss:.4f}"

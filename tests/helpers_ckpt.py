@@ -30,7 +30,7 @@ def make_tokenizer(folder: Path, size: int = 300, texts=None) -> Path:
 
 
 def tiny_config(vocab: int, seq_len: int = 32) -> ModelConfig:
-    return ModelConfig(n_layer=2, n_head=2, d_model=32, seq_len=seq_len, vocab_size=vocab)
+    return ModelConfig(arch="gpt2", n_layer=2, n_head=2, d_model=32, seq_len=seq_len, vocab_size=vocab)
 
 
 def make_checkpoint(run_dir: Path, tokenizer_path: Path, seq_len: int = 32, step: int = 5, seed: int = 0) -> Path:

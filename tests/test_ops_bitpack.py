@@ -44,3 +44,34 @@ def test_kernel_rejects_bad_chunk():
         torch.ops.tscale.pack_signs(torch.randn(16), 12)
     with pytest.raises(RuntimeError, match="scales"):
         torch.ops.tscale.unpack_signs(torch.zeros(2, dtype=torch.uint8), torch.ones(3), 16, 8)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+
+@needs_cuda
+def test_cuda_kernels_are_built_and_chosen():
+    import tscale._C as ext
+
+    assert ext.with_cuda, "a GPU is visible but tscale._C was built without CUDA kernels"
+    x = torch.randn(10_000, device="cuda")
+    bits, scales = bitpack.pack_signs(x, 2048)
+    assert bits.is_cuda and scales.is_cuda and bitpack._use_kernel(x)
+    ref_bits, ref_scales = bitpack.pack_signs_reference(x, 2048)
+    assert torch.equal(bits, ref_bits)
+    torch.testing.assert_close(scales, ref_scales, rtol=1e-5, atol=1e-7)
+
+
+@needs_cuda
+@pytest.mark.parametrize("chunk", [8, 256, 2048])
+def test_cuda_unaligned_and_ragged(chunk):
+    base = torch.randn(50_001, device="cuda")
+    x = base[3:]  # storage offset 3: not 16-byte aligned; 49_998 values, ragged last byte and chunk
+    bits, scales = torch.ops.tscale.pack_signs(x, chunk)
+    ref_bits, ref_scales = bitpack.pack_signs_reference(x, chunk)
+    assert torch.equal(bits, ref_bits)
+    torch.testing.assert_close(scales, ref_scales, rtol=1e-5, atol=1e-7)
+    out = torch.zeros(49_999, device="cuda")[1:]  # unaligned accumulation target, same length as x
+    expected = out + bitpack.unpack_signs_reference(bits, scales, out.numel(), chunk)
+    torch.ops.tscale.unpack_signs_accumulate_(out, bits, scales, chunk)
+    torch.testing.assert_close(out, expected)

@@ -8,24 +8,30 @@ log = logging.getLogger("tscale.ops")
 
 
 @functools.cache
-def _load() -> tuple[bool, str]:
+def _load() -> tuple[bool, bool, str]:
+    """(CPU kernels usable, CUDA kernels usable, description)."""
     if os.environ.get("TSCALE_OPS") == "reference":
-        return False, "reference ops (TSCALE_OPS=reference)"
+        return False, False, "reference ops (TSCALE_OPS=reference)"
     try:
         import tscale._C as ext
     except ImportError as e:
-        return False, f"reference ops (tscale._C not importable: {e}; rebuild with `pip install --no-build-isolation -e .`)"
+        return False, False, (f"reference ops (tscale._C not importable: {e}; "
+                              f"rebuild with `pip install --no-build-isolation -e .`)")
     cuda = "with CUDA kernels" if ext.with_cuda else "CPU kernels only"
-    return True, f"tscale._C kernels ({cuda})"
+    return True, bool(ext.with_cuda), f"tscale._C kernels ({cuda})"
 
 
 def kernels_available() -> bool:
     return _load()[0]
 
 
+def cuda_kernels_available() -> bool:
+    return _load()[1]
+
+
 @functools.cache
 def backend() -> str:
     """A one-line description of the chosen implementation, logged the first time it is asked."""
-    desc = _load()[1]
+    desc = _load()[2]
     log.info("ops: %s", desc)
     return desc

@@ -4,6 +4,9 @@
 metrics.jsonl and ckpt/. `--resume` restores weights, optimizer, loader position and RNG
 state from the newest checkpoint, so a run killed and resumed matches one that never
 stopped. SIGTERM and SIGINT end the current step, save a checkpoint and return.
+
+Under torchrun (tscale/dist) every rank runs this loop on its share of the data; rank 0
+alone reads and writes the run folder, and the ranks agree on when to stop.
 """
 
 import math
@@ -13,6 +16,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -20,14 +24,15 @@ from tscale.config import RunConfig, to_toml
 from tscale.data.loader import TrainLoader, val_batches
 from tscale.data.shards import TokenFolder
 from tscale.devices import peak_flops, resolve_autocast_dtype, resolve_device
+from tscale.dist import DistEnv, Replicas, init_dist
 from tscale.errors import UserError
 from tscale.fileio import write_text_atomic
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
-from tscale.optim.adamw import build_adamw
+from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.train.checkpoint import checkpoint_dirs, load_train_state, load_weights, open_checkpoint, save_checkpoint
-from tscale.train.metrics import MetricsLog, ProgressLine
+from tscale.train.metrics import MetricsLog, NullLog, ProgressLine
 
 
 @dataclass
@@ -37,6 +42,7 @@ class TrainResult:
     val_loss: float | None
     checkpoint: Path | None
     stopped_early: bool
+    rank: int = 0
 
 
 class _StopFlag:
@@ -81,6 +87,8 @@ def resolve_data(cfg: RunConfig) -> TokenFolder:
     elif cfg.model.vocab_size < folder.vocab_size:
         raise UserError(f"model.vocab_size = {cfg.model.vocab_size} is smaller than the token folder's "
                         f"vocabulary ({folder.vocab_size}); remove the key to take it from the data")
+    if cfg.model.eos_id < 0:
+        cfg.model.eos_id = folder.eos_id
     return folder
 
 
@@ -110,11 +118,38 @@ def _restore_rng(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, quiet: bool = False) -> TrainResult:
-    run_dir = Path(run_dir)
+def _read_resume_state(run_dir: Path, model: torch.nn.Module, world: int) -> dict | None:
+    """Rank 0: load the newest checkpoint's weights into `model` and return its training state."""
+    if not checkpoint_dirs(run_dir):
+        return None
+    ckpt = open_checkpoint(run_dir)
+    load_weights(model, ckpt)
+    state = load_train_state(ckpt)
+    saved = state.get("world", 1)
+    if saved != world:
+        raise UserError(f"{ckpt.path}: checkpoint of a run on {saved} process(es), this launch has {world}; "
+                        f"resume with the same number of processes (torchrun --nnodes x --nproc-per-node)")
+    return state
+
+
+StepHook = Callable[[int, torch.nn.Module], None]
+
+
+def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, quiet: bool = False,
+              on_step: StepHook | None = None) -> TrainResult:
+    """Train as cfg says; under torchrun this process is one rank. `on_step(step, model)` runs after each step."""
     folder = resolve_data(cfg)
-    prepare_run_dir(run_dir, cfg, resume)
-    device = resolve_device(cfg.train.device)
+    env = init_dist(cfg.dist, resolve_device(cfg.train.device))
+    try:
+        return _train(cfg, Path(run_dir), folder, env, resume, quiet or not env.is_main, on_step)
+    finally:
+        env.close()
+
+
+def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, resume: bool, quiet: bool,
+           on_step: StepHook | None) -> TrainResult:
+    env.on_main(prepare_run_dir, run_dir, cfg, resume)
+    device = env.device
     amp_dtype = resolve_autocast_dtype(cfg.train.dtype, device)
 
     def autocast():
@@ -122,41 +157,51 @@ def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, 
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
-    optimizer = build_adamw(model, cfg.optim, device)
-    loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed)
+    if env.active:
+        torch.manual_seed(cfg.train.seed + 1000 * env.rank)  # own dropout masks per rank
+    loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world)
+    state = env.on_main(_read_resume_state, run_dir, model, env.world) if resume else None
+    replicas = Replicas(model, env, cfg.dist)  # broadcasts rank 0's weights to the other ranks
+    optimizer = build_optimizer(model, cfg.optim, device, freeze_variance_at=replicas.freeze_variance_at())
+    replicas.attach(optimizer)
     step = 0
-    if resume and checkpoint_dirs(run_dir):
-        ckpt = open_checkpoint(run_dir)
-        load_weights(model, ckpt)
-        state = load_train_state(ckpt)
+    if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
-        _restore_rng(state["rng"], device)
+        mine = state["ranks"][env.rank] if "ranks" in state else {"rng": state["rng"]}
+        _restore_rng(mine["rng"], device)
+        replicas.load_local_state(mine)
         step = state["step"]
-    write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None)
+    if env.is_main:
+        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None) if env.is_main else NullLog()
 
     def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return mean_loss(model(x), y)  # (B, T) ids -> scalar; one graph under compile, logits never kept
+        return mean_loss(replicas.module(x), y)  # (B, T) ids -> scalar; one graph under compile, logits never kept
 
     step_loss = torch.compile(forward_loss) if cfg.train.compile else forward_loss
 
-    tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+    tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len * env.world
     flops_per_token = model.flops_per_token(cfg.model.seq_len)
     peak = peak_flops(device)
     last_ckpt: Path | None = None
     last_loss = val_loss = None
     t_start = time.time()
 
-    def checkpoint() -> Path:
+    def checkpoint() -> Path | None:
+        ranks = env.gather_to_main({"rng": _rng_state(device), **replicas.local_state()})
+        if not env.is_main:
+            return None
         state = {"step": step, "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
-                 "rng": _rng_state(device)}
+                 "world": env.world, "ranks": ranks}
         return save_checkpoint(run_dir, step, model, cfg.model, folder.tokenizer_path, state, cfg.train.keep_last)
 
     progress = ProgressLine(cfg.train.steps, step, quiet=quiet)
     progress.note(f"training {cfg.model.arch}: {sum(p.numel() for p in model.parameters()):,} parameters "
                   f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
-                  f"steps {step}..{cfg.train.steps}")
+                  f"steps {step}..{cfg.train.steps}{replicas.describe()}")
+    zeros = torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
+    replicas.prime(lambda: step_loss(zeros, zeros).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
         t_log, step_at_log = time.time(), step
@@ -165,26 +210,34 @@ def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, 
             lr = lr_at(step, cfg.train.steps, cfg.optim)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            for _ in range(cfg.train.grad_accum):
+            replicas.begin_step(step)
+            for micro in range(cfg.train.grad_accum):
                 x, y = (t.to(device, non_blocking=True) for t in loader.next_batch(pin=device.type == "cuda"))
-                with autocast():
-                    loss = step_loss(x, y) / cfg.train.grad_accum
-                loss.backward()
+                with replicas.sync_unless(micro < cfg.train.grad_accum - 1):
+                    with autocast():
+                        loss = step_loss(x, y) / cfg.train.grad_accum
+                    loss.backward()
                 loss_sum += loss.detach()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+            clip = cfg.optim.grad_clip if replicas.clips() else 0.0
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            if on_step is not None:
+                on_step(step, model)
 
             final = step == cfg.train.steps
             if step % cfg.train.log_every == 0 or final:
                 now = time.time()
-                last_loss = loss_sum.item() / (step - step_at_log)
+                last_loss = env.mean(loss_sum).item() / (step - step_at_log)
                 tps = tokens_per_step * (step - step_at_log) / max(now - t_log, 1e-9)
                 record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                          "tokens_per_s": tps, "mfu": tps * flops_per_token / peak if peak else None,
+                          "tokens_per_s": tps, "mfu": tps * flops_per_token / peak / env.world if peak else None,
                           "tokens": step * tokens_per_step, "elapsed_s": now - t_start,
                           "mem_gb": _memory_gb(device)}
+                if env.active:
+                    sent, fp32 = replicas.take_bytes()
+                    record.update(comm_bytes=sent / (step - step_at_log), comm_bytes_fp32=fp32 / (step - step_at_log))
                 if not math.isfinite(last_loss):
                     raise UserError(f"loss became {last_loss} at step {step}; lower optim.lr or raise "
                                     f"optim.warmup_steps (last checkpoint: {last_ckpt or 'none'})")
@@ -192,17 +245,18 @@ def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, 
                 progress.update(step, record)
                 t_log, step_at_log = time.time(), step
                 loss_sum.zero_()
-            if cfg.train.eval_every and (step % cfg.train.eval_every == 0 or final):
+            if env.is_main and cfg.train.eval_every and (step % cfg.train.eval_every == 0 or final):
                 t_eval = time.time()
                 val_loss = evaluate(model, folder, cfg, device, autocast)
                 metrics.write({"step": step, "val_loss": val_loss})
                 progress.note(f"step {step}: val loss {val_loss:.4f}")
                 t_log += time.time() - t_eval  # throughput counts training time only
-            out_of_time = cfg.train.time_limit_s and time.time() - t_start > cfg.train.time_limit_s
-            if stop.signal is not None or out_of_time:
+            out_of_time = bool(cfg.train.time_limit_s) and time.time() - t_start > cfg.train.time_limit_s
+            if env.any(stop.signal is not None or out_of_time):
                 stopped_early = not final
                 last_ckpt = checkpoint()
-                why = f"signal {signal.Signals(stop.signal).name}" if stop.signal is not None else "train.time_limit_s"
+                why = (f"signal {signal.Signals(stop.signal).name}" if stop.signal is not None
+                       else "train.time_limit_s" if out_of_time else "another rank's stop")
                 progress.note(f"stopped by {why} at step {step}; checkpoint {last_ckpt}")
                 break
             if final or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0):
@@ -211,7 +265,7 @@ def train_run(cfg: RunConfig, run_dir: str | os.PathLike, resume: bool = False, 
                 t_log += time.time() - t_ckpt
     metrics.close()
     return TrainResult(step=step, last_loss=last_loss, val_loss=val_loss, checkpoint=last_ckpt,
-                       stopped_early=stopped_early)
+                       stopped_early=stopped_early, rank=env.rank)
 
 
 def _memory_gb(device: torch.device) -> float:

@@ -40,6 +40,16 @@ class MetricsLog:
         self._file.close()
 
 
+class NullLog:
+    """What ranks other than 0 log to: nothing."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,170 @@
+"""The gradient exchange of data parallel: a DDP communication hook, fp32 or 1-bit with error feedback.
+
+`GradExchange` is the hook's state; `exchange_hook` is registered with
+`DistributedDataParallel.register_comm_hook`. Until `warmup_steps` (and always with
+compression "none") a bucket is averaged with a plain fp32 allreduce. After it, one bucket
+of n gradients goes through two phases, each rank sending about n/8 bytes:
+
+  (1-bit Adam: g := beta1 * m + (1 - beta1) * g first, m the optimizer's synchronised momentum)
+  pad the bucket to n_pad = a multiple of W * chunk; rank r is the "server" of slice r (S = n_pad / W)
+  worker:  x = g + e_worker;  (bits, scales) = pack_signs(x, chunk);  e_worker = x - unpack(...)
+  phase 1: all_to_all: slice r of every rank's packed x goes to rank r
+  server:  y = mean over ranks of unpack(slice r) + e_server;  pack y;  e_server = y - unpack(...)
+  phase 2: all_gather of the packed y slices; every rank unpacks all W into the bucket
+
+Every rank decodes the same bytes, so replicas stay identical. The residuals are kept per
+bucket index with their sizes, saved in checkpoints (state_dict) and checked on reload, so a
+bucket layout that changed is an error rather than silently misapplied feedback.
+"""
+
+import torch
+import torch.distributed as dist
+
+from tscale.errors import UserError
+from tscale.ops import pack_signs, unpack_signs, unpack_signs_accumulate_
+
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class GradExchange:
+    """Hook state: compression choice, current step, error-feedback residuals, byte counters."""
+
+    def __init__(self, compression: str, chunk: int, warmup_steps: int, group=None):
+        self.compression, self.chunk, self.warmup_steps = compression, chunk, warmup_steps
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.step = 0  # set by the training loop before each step's backward
+        self.optimizer: torch.optim.Optimizer | None = None  # set: exchange momentum (1-bit Adam)
+        self.passthrough = False  # True: leave buckets local, no communication (bucket priming)
+        self.worker: dict[int, torch.Tensor] = {}  # bucket index -> (n_pad,) residual
+        self.server: dict[int, torch.Tensor] = {}  # bucket index -> (n_pad / W,) residual
+        self.sizes: dict[int, int] = {}  # bucket index -> n (unpadded)
+        self.bytes_sent = 0  # bytes this rank sent since the last take_bytes()
+        self.bytes_fp32 = 0  # what a ring fp32 allreduce of the same buckets would send
+
+    @property
+    def compressing(self) -> bool:
+        return self.compression == "onebit" and self.step >= self.warmup_steps
+
+    def take_bytes(self) -> tuple[int, int]:
+        """(bytes sent, fp32 allreduce bytes) since the last call."""
+        out = (self.bytes_sent, self.bytes_fp32)
+        self.bytes_sent = self.bytes_fp32 = 0
+        return out
+
+    def padded(self, n: int) -> int:
+        unit = self.world * self.chunk
+        return -(-n // unit) * unit
+
+    def residuals(self, index: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (worker, server) residuals of bucket `index`, created as zeros on first use."""
+        if index not in self.sizes:
+            n_pad = self.padded(n)
+            self.sizes[index] = n
+            self.worker[index] = torch.zeros(n_pad, device=device)
+            self.server[index] = torch.zeros(n_pad // self.world, device=device)
+        elif self.sizes[index] != n:
+            raise RuntimeError(f"1-bit exchange: bucket {index} has {n} gradients but its error-feedback state "
+                               f"was made for {self.sizes[index]} (the DDP bucket layout changed)")
+        return self.worker[index].to(device), self.server[index].to(device)
+
+    def state_dict(self) -> dict:
+        """This rank's residuals on the CPU (each rank's differ; the checkpoint keeps one per rank)."""
+        return {"world": self.world, "chunk": self.chunk, "sizes": dict(self.sizes),
+                "worker": {i: t.cpu() for i, t in self.worker.items()},
+                "server": {i: t.cpu() for i, t in self.server.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["world"] != self.world or state["chunk"] != self.chunk:
+            raise UserError(f"the checkpoint's 1-bit state is for {state['world']} processes and dist.chunk = "
+                            f"{state['chunk']}; this run has {self.world} and {self.chunk}: resume with the same values")
+        self.sizes = dict(state["sizes"])
+        self.worker = dict(state["worker"])
+        self.server = dict(state["server"])
+
+
+def _packed_bytes(bits: torch.Tensor, scales: torch.Tensor, parts: int) -> torch.Tensor:
+    """(parts, bytes per part) uint8: each part's sign bytes followed by its float32 scales."""
+    return torch.cat([bits.view(parts, -1), scales.view(torch.uint8).view(parts, -1)], dim=1)
+
+
+def _split_packed(row: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One packed part back into (bits (numel/8,), scales); the scales are copied to realign them."""
+    bits = row[: numel // 8]
+    scales = row[numel // 8:].clone().view(torch.float32)
+    return bits, scales
+
+
+def allreduce_mean(state: GradExchange, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """Plain fp32 averaging of one flat bucket, counted as a ring allreduce."""
+    fp32 = 2 * (state.world - 1) * buffer.numel() * 4 // state.world
+    state.bytes_sent += fp32
+    state.bytes_fp32 += fp32
+    buffer.div_(state.world)
+    work = dist.all_reduce(buffer, group=state.group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """The two-phase 1-bit average of one flat bucket (n,); the future holds the bucket, averaged.
+
+    Both phases run before the hook returns, so every rank issues its collectives in the same
+    order (bucket after bucket) whatever order the backend completes them in.
+    """
+    W, chunk, n = state.world, state.chunk, buffer.numel()
+    worker, server = state.residuals(index, n, buffer.device)
+    S = worker.numel() // W  # slice length, a multiple of chunk
+    x = worker  # (n_pad,) the residual becomes the input, in place
+    x[:n] += buffer.float()
+    bits, scales = pack_signs(x, chunk)  # (n_pad/8,), (n_pad/chunk,)
+    worker.sub_(unpack_signs(bits, scales, x.numel(), chunk))  # what the signs failed to carry
+    worker[n:].zero_()  # padding carries nothing over
+    state.worker[index] = worker
+    send = _packed_bytes(bits, scales, W).reshape(-1)  # (W * part,), part = S/8 + 4 S/chunk
+    part = send.numel() // W
+    state.bytes_sent += 2 * (W - 1) * part
+    state.bytes_fp32 += 2 * (W - 1) * n * 4 // W
+
+    recv = torch.empty_like(send)  # (W * part,) every rank's packed version of my slice
+    dist.all_to_all_single(recv, send, group=state.group)
+    mine = torch.zeros(S, device=buffer.device)  # (S,)
+    for row in recv.view(W, part):
+        unpack_signs_accumulate_(mine, *_split_packed(row, S), chunk)
+    y = mine.div_(W).add_(server)
+    y_bits, y_scales = pack_signs(y, chunk)  # (S/8,), (S/chunk,)
+    state.server[index] = y.sub_(unpack_signs(y_bits, y_scales, S, chunk))
+
+    gathered = torch.empty(W * part, dtype=torch.uint8, device=buffer.device)  # (W * part,)
+    _all_gather_flat(gathered, _packed_bytes(y_bits, y_scales, 1).reshape(-1), group=state.group)
+    out = torch.cat([unpack_signs(*_split_packed(row, S), S, chunk) for row in gathered.view(W, part)])  # (n_pad,)
+    buffer.copy_(out[:n])
+    return _done(buffer)
+
+
+def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def _fold_into_momentum(optimizer: torch.optim.Optimizer, bucket: dist.GradBucket) -> None:
+    """In place in the bucket: g <- beta1 * exp_avg + (1 - beta1) * g, this rank's next momentum."""
+    beta1 = optimizer.param_groups[0]["betas"][0]
+    for p, g in zip(bucket.parameters(), bucket.gradients()):  # g: a view into bucket.buffer()
+        g.mul_(1 - beta1)
+        m = optimizer.state[p].get("exp_avg")
+        if m is not None:
+            g.add_(m.view_as(g), alpha=beta1)
+
+
+def exchange_hook(state: GradExchange, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: averages bucket.buffer() across ranks (fp32 or 1-bit)."""
+    buffer = bucket.buffer()
+    if state.passthrough:
+        return _done(buffer)
+    if state.compressing:
+        if state.optimizer is not None:
+            _fold_into_momentum(state.optimizer, bucket)
+        return onebit_mean(state, bucket.index(), buffer)
+    return allreduce_mean(state, buffer)
