@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tscale.errors import UserError
 
@@ -22,24 +22,84 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """The transformer's shape. `vocab_size` 0 means: take it from the token folder."""
+    """The transformer's shape; the switches below `dropout` apply to arch "tscale" only.
 
-    arch: Literal["gpt2"] = "gpt2"
+    `vocab_size` 0 and `eos_id` -1 mean: take them from the token folder. `n_head` 0 and
+    `head_dim` 0 are derived from `d_model` (head_dim 128 for tscale, 64 for gpt2). `window`
+    0 means every layer sees the whole context; otherwise every `global_every`-th layer,
+    counted back from the last, does (0: none) and the others see `window` tokens.
+    `logit_softcap` 0 switches soft-capping off.
+    """
+
+    arch: Literal["gpt2", "tscale"] = "tscale"
     n_layer: int = Field(12, ge=1)
-    n_head: int = Field(12, ge=1)
+    n_head: int = Field(0, ge=0)
+    head_dim: int = Field(0, ge=0)
     d_model: int = Field(768, ge=8)
     seq_len: int = Field(1024, ge=2)
     vocab_size: int = Field(0, ge=0)
+    eos_id: int = Field(-1, ge=-1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    rope: bool = True
+    rope_theta: float = Field(10000.0, gt=0)
+    norm: Literal["rms", "layer"] = "rms"
+    qk_norm: bool = True
+    bias: bool = False
+    mlp: Literal["relu2", "gelu"] = "relu2"
+    zero_init: bool = True
+    tie_embeddings: bool = False
+    logit_softcap: float = Field(30.0, ge=0)
+    sink: bool = True
+    doc_mask: bool = True
+    window: int = Field(128, ge=0)
+    global_every: int = Field(4, ge=0)
+
+    @model_validator(mode="after")
+    def _resolve_heads(self) -> "ModelConfig":
+        n_head, head_dim, width = self.n_head, self.head_dim, self.d_model
+        if not n_head:
+            head_dim = head_dim or (128 if self.arch == "tscale" else 64)
+            if width % head_dim:
+                raise ValueError(f"model.d_model {width} is not a multiple of model.head_dim {head_dim}; "
+                                 f"set model.n_head")
+            n_head = width // head_dim
+        elif not head_dim:
+            if width % n_head:
+                raise ValueError(f"model.d_model {width} is not a multiple of model.n_head {n_head}")
+            head_dim = width // n_head
+        if self.arch == "gpt2" and n_head * head_dim != width:
+            raise ValueError(f"arch gpt2 needs model.n_head * model.head_dim == model.d_model "
+                             f"({n_head} * {head_dim} != {width})")
+        if self.arch == "tscale" and self.rope and head_dim % 2:
+            raise ValueError(f"model.rope needs an even model.head_dim (got {head_dim})")
+        if 0 < self.vocab_size <= self.eos_id:
+            raise ValueError(f"model.eos_id {self.eos_id} is outside the vocabulary of {self.vocab_size}")
+        object.__setattr__(self, "n_head", n_head)  # resolved in place, without re-validating
+        object.__setattr__(self, "head_dim", head_dim)
+        return self
 
 
 class OptimConfig(_Section):
-    """AdamW and the learning-rate schedule: linear warmup, then cosine or linear decay to min_lr_ratio * lr."""
+    """The optimizer and the learning-rate schedule.
 
+    name "adamw": AdamW on everything at `lr`. name "muon": Muon (`muon_lr`, `muon_momentum`)
+    on the hidden matrices, AdamW on the embedding (`embed_lr`), the head (`head_lr`) and
+    vectors such as norm gains (`scalar_lr`). Schedule: linear warmup, then cosine or linear
+    decay to min_lr_ratio, or "trapezoid": constant, then linear decay over the last
+    `decay_frac` of the steps. It scales every rate alike.
+    """
+
+    name: Literal["adamw", "muon"] = "adamw"
     lr: float = Field(6e-4, gt=0)
+    muon_lr: float = Field(0.02, gt=0)
+    muon_momentum: float = Field(0.95, ge=0, lt=1)
+    embed_lr: float = Field(0.01, gt=0)
+    head_lr: float = Field(0.004, gt=0)
+    scalar_lr: float = Field(0.01, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(100, ge=0)
-    decay: Literal["cosine", "linear"] = "cosine"
+    decay: Literal["cosine", "linear", "trapezoid"] = "cosine"
+    decay_frac: float = Field(0.3, gt=0, le=1)
     weight_decay: float = Field(0.1, ge=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.95, ge=0, lt=1)
@@ -71,11 +131,30 @@ class DataConfig(_Section):
     tokens: str = ""
 
 
+class DistConfig(_Section):
+    """Data parallel under torchrun: the process-group backend and the gradient exchange.
+
+    compression "onebit" sends sign bits with one scale per `chunk` values, with error
+    feedback, after `onebit_warmup_steps` steps of plain fp32 allreduce. `onebit_what`
+    "momentum" is 1-bit Adam (AdamW momentum exchanged, variance frozen after the warm-up);
+    "gradient" compresses the raw gradients (worse with AdamW: docs/distributed.md).
+    """
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    compression: Literal["none", "onebit"] = "none"
+    onebit_what: Literal["momentum", "gradient"] = "momentum"
+    chunk: int = Field(2048, ge=8, multiple_of=8)
+    onebit_warmup_steps: int = Field(100, ge=0)
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    timeout_s: float = Field(1800.0, gt=0)
+
+
 class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
+    dist: DistConfig = DistConfig()
 
 
 def _parse_value(text: str) -> Any:
@@ -125,6 +204,8 @@ def validate(tree: dict, origin: str) -> RunConfig:
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             raise UserError(f"{origin}: {_unknown_key_message(key)}") from None
+        if err["type"] == "value_error" and len(err["loc"]) == 1:  # a section's own check across keys
+            raise UserError(f"{origin}: {err['ctx']['error']}") from None
         raise UserError(f"{origin}: {key}: {err['msg']} (got {err.get('input')!r})") from None
 
 

@@ -5,8 +5,9 @@ import torch.nn as nn
 from tscale.config import ModelConfig
 from tscale.model.gpt2 import GPT2
 from tscale.model.kv_cache import KVCache
+from tscale.model.tscale_lm import TScaleLM
 
-ARCHITECTURES: dict[str, type[nn.Module]] = {"gpt2": GPT2}
+ARCHITECTURES: dict[str, type[nn.Module]] = {"gpt2": GPT2, "tscale": TScaleLM}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

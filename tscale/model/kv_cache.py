@@ -10,6 +10,7 @@ class KVCache:
         shape = (batch, n_head, max_len, head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.docs: torch.Tensor | None = None  # document id per position, for models that mask documents
         self.max_len = max_len
         self.pos = 0
 
@@ -22,6 +23,19 @@ class KVCache:
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def doc_ids(self, starts: torch.Tensor) -> torch.Tensor:
+        """Document ids of all positions up to pos+T, given which of the T new tokens start a document (B, T).
+
+        Ids count document starts from the first cached position on, so they continue across calls.
+        """
+        batch, t = starts.shape
+        end = self.pos + t
+        if self.docs is None:
+            self.docs = torch.zeros(batch, self.max_len, dtype=torch.long, device=starts.device)  # (B, T_max)
+        before = self.docs[:, self.pos - 1:self.pos] if self.pos else 0
+        self.docs[:, self.pos:end] = before + starts.long().cumsum(1)
+        return self.docs[:, :end]
 
     def advance(self, t: int) -> None:
         self.pos += t

@@ -1,0 +1,128 @@
+"""Muon + AdamW: orthogonalisation, parameter groups, state_dict round trip, learning, exact resume, schedules."""
+
+import io
+import json
+import os
+import signal
+
+import pytest
+import safetensors.torch
+import torch
+
+from tscale.config import ModelConfig, OptimConfig, load_config
+from tscale.data.shards import TokenFolder
+from tscale.data.tokenize import tokenize_corpus
+from tscale.errors import UserError
+from tscale.model import build_model
+from tscale.model.loss import mean_loss
+from tscale.optim import build_optimizer
+from tscale.optim.muon import Muon, orthogonalize
+from tscale.optim.schedule import lr_at
+from tscale.train.checkpoint import load_train_state, open_checkpoint
+from tscale.train.loop import train_run
+
+TINY = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=32", "train.batch_size=4",
+        "train.eval_every=0", "train.log_every=1", "optim.warmup_steps=5", 'optim.name="muon"',
+        'optim.decay="trapezoid"', "model.window=8", "model.global_every=2", "model.dropout=0.1"]
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory, shakespeare_jsonl):
+    out = tmp_path_factory.mktemp("tok") / "tokens"
+    tokenize_corpus([shakespeare_jsonl], out, vocab_size=512, quiet=True)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (32, 96), (50, 40)])
+def test_orthogonalize_gives_near_orthogonal_matrices(shape):
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    x = orthogonalize(g)
+    assert x.shape == g.shape
+    s = torch.linalg.svdvals(x)
+    assert s.min() > 0.6 and s.max() < 1.25  # the quintic iteration's band around 1
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    assert torch.nn.functional.cosine_similarity((u @ vh).flatten(), x.flatten(), dim=0) > 0.95
+
+
+def _model():
+    torch.manual_seed(0)
+    return build_model(ModelConfig(n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=64, eos_id=0, window=4,
+                                   global_every=2))
+
+
+def test_groups_and_rates():
+    model = _model()
+    cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.02, embed_lr=0.05, head_lr=0.004, scalar_lr=0.01)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    assert isinstance(opt, Muon)
+    names = {id(p): n for n, p in model.named_parameters()}
+    kinds = {names[id(p)]: (g["kind"], round(g["lr"] * g["lr_scale"], 6)) for g in opt.param_groups for p in g["params"]}
+    assert kinds["blocks.0.attn.qkv.weight"] == ("muon", 0.02)
+    assert kinds["blocks.1.mlp.proj.weight"] == ("muon", 0.02)
+    assert kinds["wte.weight"] == ("adam", 0.05)
+    assert kinds["lm_head.weight"] == ("adam", 0.004)
+    assert kinds["blocks.0.norm_1.weight"] == ("adam", 0.01)
+    assert len(kinds) == len(list(model.parameters()))
+    with pytest.raises(UserError, match="1-bit Adam"):
+        build_optimizer(model, cfg, torch.device("cpu"), freeze_variance_at=10)
+
+
+def _steps(model, opt, batches):
+    losses = []
+    for x in batches:
+        loss = mean_loss(model(x[:, :-1]), x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_state_dict_round_trip_and_loss_goes_down():
+    cfg = OptimConfig(name="muon", lr=3e-3)
+    data = torch.randint(1, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+    batches = [data] * 30
+    a = _model()
+    opt_a = build_optimizer(a, cfg, torch.device("cpu"))
+    losses = _steps(a, opt_a, batches[:10])
+    b = _model()
+    b.load_state_dict(a.state_dict())
+    opt_b = build_optimizer(b, cfg, torch.device("cpu"))
+    saved = io.BytesIO()
+    torch.save(opt_a.state_dict(), saved)  # as a checkpoint does: state_dict() holds live tensors
+    opt_b.load_state_dict(torch.load(io.BytesIO(saved.getvalue())))
+    losses += _steps(a, opt_a, batches[10:])
+    _steps(b, opt_b, batches[10:])
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert losses[-1] < losses[0] - 1.0
+
+
+def test_trapezoid_schedule():
+    cfg = OptimConfig(lr=1.0, warmup_steps=2, decay="trapezoid", decay_frac=0.5, min_lr_ratio=0.1)
+    assert [round(lr_at(s, 10, cfg), 3) for s in range(10)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.82, 0.64, 0.46, 0.28, 0.1]
+
+
+def _losses(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def test_exact_resume_with_muon(tokens, tmp_path):
+    eos = TokenFolder(tokens).eos_id
+    args = [*TINY, f'data.tokens="{tokens}"', f"model.eos_id={eos}", "train.steps=24", "train.ckpt_every=8"]
+    straight = train_run(load_config(None, args), tmp_path / "a", quiet=True)
+
+    def stop_at_12(step, model):
+        if step == 12:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    first = train_run(load_config(None, args), tmp_path / "b", quiet=True, on_step=stop_at_12)
+    assert first.stopped_early and first.step == 12
+    state = load_train_state(open_checkpoint(tmp_path / "b"))
+    assert any("momentum_buffer" in s for s in state["optimizer"]["state"].values())  # Muon did train
+    resumed = train_run(load_config(tmp_path / "b" / "config.toml"), tmp_path / "b", resume=True, quiet=True)
+    assert resumed.step == straight.step == 24
+    assert _losses(tmp_path / "b") == _losses(tmp_path / "a")
+    a = safetensors.torch.load_file(str(straight.checkpoint / "model.safetensors"))
+    b = safetensors.torch.load_file(str(resumed.checkpoint / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,189 @@
+"""The `tscale` architecture: a GPT-style decoder with the modern token-efficiency changes, each switchable.
+
+Against the gpt2 baseline: rotary positions (RoPE), no biases, RMS normalisation, QK
+normalisation, squared-ReLU MLP, zero-initialised output projections, untied embedding and
+head, logit soft-capping, an attention sink (softmax plus one), attention that never crosses
+a document boundary (documents end with the eos token; the eos token opens the next document,
+like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
+layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
+Attention goes through tscale.ops.attention only.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tscale.config import ModelConfig
+from tscale.model.kv_cache import KVCache
+from tscale.ops.attention import attention
+
+VOCAB_MULTIPLE = 64
+
+
+def layer_window(cfg: ModelConfig, layer: int) -> int:
+    """The attention window of `layer`: 0 means the whole context."""
+    if cfg.window == 0:
+        return 0
+    if cfg.global_every and (cfg.n_layer - 1 - layer) % cfg.global_every == 0:
+        return 0
+    return cfg.window
+
+
+def _norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    return nn.RMSNorm(dim, eps=1e-6) if cfg.norm == "rms" else nn.LayerNorm(dim, bias=cfg.bias)
+
+
+def _plain_norm(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
+    """Normalisation without learned gains over the last dimension."""
+    return F.rms_norm(x, (x.shape[-1],), eps=1e-6) if cfg.norm == "rms" else F.layer_norm(x, (x.shape[-1],))
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (T, D/2)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
+    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + D/2) of x (B, T, H, D) by the angles of its positions, cos/sin (T, D/2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # (B, T, H, D/2)
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # (T, 1, D/2)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, window: int):
+        super().__init__()
+        self.cfg, self.window = cfg, window
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        inner = cfg.n_head * cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=cfg.bias)
+        self.proj = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple | None, doc_ids: torch.Tensor | None, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, D = self.n_head, self.head_dim
+        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # 3 x (B, T, H, D)
+        if self.cfg.qk_norm:
+            q, k = _plain_norm(self.cfg, q), _plain_norm(self.cfg, k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H, pos+T, D)
+            if self.window:  # keys older than window + T - 1 positions are out of every query's sight
+                cut = max(0, k.shape[2] - (self.window + T - 1))
+                k, v = k[:, :, cut:], v[:, :, cut:]
+                doc_ids = doc_ids[:, cut:] if doc_ids is not None else None
+        y = attention(q, k.to(q.dtype), v.to(q.dtype), window=self.window, doc_ids=doc_ids, sink=self.cfg.sink,
+                      scale=D ** -0.5)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+        return F.dropout(self.proj(y), self.cfg.dropout, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)  # (B, T, 4C)
+        h = F.relu(h).square() if self.cfg.mlp == "relu2" else F.gelu(h, approximate="tanh")
+        return F.dropout(self.proj(h), self.cfg.dropout, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, window: int):
+        super().__init__()
+        self.norm_1 = _norm(cfg, cfg.d_model)
+        self.attn = Attention(cfg, window)
+        self.norm_2 = _norm(cfg, cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, doc_ids, layer: int, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), rope, doc_ids, layer, cache)
+        return x + self.mlp(self.norm_2(x))
+
+
+class TScaleLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.doc_mask and cfg.eos_id < 0:
+            raise ValueError("model.eos_id must be resolved (from the token folder) before building with doc_mask")
+        self.cfg = cfg
+        padded_vocab = -(-cfg.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        self.wte = nn.Embedding(padded_vocab, cfg.d_model)
+        self.wpe = None if cfg.rope else nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, layer_window(cfg, i)) for i in range(cfg.n_layer))
+        self.norm_f = _norm(cfg, cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, padded_vocab, bias=False)
+        if cfg.rope:
+            cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)  # (T, D/2)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+
+    def _init_weights(self) -> None:
+        """Matrices ~ N(0, 0.5 / sqrt(fan_in)); embeddings ~ N(0, 1) (they are normalised); projections zero."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.5 * module.in_features ** -0.5)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=1.0)
+        if self.cfg.zero_init:
+            for block in self.blocks:
+                nn.init.zeros_(block.attn.proj.weight)
+                nn.init.zeros_(block.mlp.proj.weight)
+            if not self.cfg.tie_embeddings:
+                nn.init.zeros_(self.lm_head.weight)
+
+    def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
+        c = self.cfg
+        return KVCache(c.n_layer, batch, c.n_head, max_len, c.head_dim, device, dtype)
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions."""
+        B, T = idx.shape
+        c = self.cfg
+        start = cache.pos if cache is not None else 0
+        if start + T > c.seq_len:
+            raise ValueError(f"sequence of {start + T} positions exceeds model.seq_len {c.seq_len}")
+        x = _plain_norm(c, self.wte(idx))  # (B, T, C)
+        rope = None
+        if c.rope:
+            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])  # 2 x (T, D/2)
+        else:
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+        x = F.dropout(x, c.dropout, self.training)
+        doc_ids = None
+        if c.doc_mask:
+            starts = idx == c.eos_id  # (B, T): eos ends a document and opens the next
+            doc_ids = cache.doc_ids(starts) if cache is not None else starts.long().cumsum(1)  # (B, pos+T)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, doc_ids, i, cache)
+        if cache is not None:
+            cache.advance(T)
+        logits = self.lm_head(self.norm_f(x))  # (B, T, V_padded)
+        if c.logit_softcap:
+            logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
+        return logits[..., : c.vocab_size]
+
+    def matmul_params(self) -> int:
+        """Parameters that take part in matrix products per token: the blocks' matrices and the head."""
+        blocks = sum(p.numel() for p in self.blocks.parameters() if p.dim() == 2)
+        return blocks + self.lm_head.weight.numel()
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6N for the matrices plus 12 H D min(window, T) per layer for attention."""
+        c = self.cfg
+        seen = sum(min(layer_window(c, i) or seq_len, seq_len) for i in range(c.n_layer))
+        return 6 * self.matmul_params() + 12 * c.n_head * c.head_dim * seen

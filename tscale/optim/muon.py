@@ -1,0 +1,126 @@
+"""Muon for the hidden matrices plus AdamW for everything else, as one torch optimizer.
+
+Muon (per matrix): Nesterov momentum of the gradient, then the update is orthogonalised by a
+quintic Newton-Schulz iteration (bf16 on CUDA, fp32 elsewhere) and scaled by
+sqrt(max(1, rows / cols)); decoupled weight decay. The embedding, the head and vectors (norm
+gains, biases) take AdamW steps with their own rates.
+
+Each param group has "kind" ("muon" or "adam") and "lr_scale": the training loop writes the
+schedule's value for optim.lr into group["lr"], and a group steps with group["lr"] * group["lr_scale"],
+so every group follows one schedule at its own rate. All state lives in `state` and `param_groups`,
+so state_dict() / load_state_dict() resume a run exactly.
+"""
+
+import torch
+import torch.nn as nn
+
+from tscale.config import OptimConfig
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+@torch.no_grad()
+def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximately U V^T for g = U S V^T (R, C): singular values pushed into about [0.7, 1.2]."""
+    a, b, c = NS_COEFFS
+    dtype = dtype or (torch.bfloat16 if g.is_cuda else torch.float32)
+    x = g.to(dtype)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T  # (C, R): iterate on the short side
+    x = x / (x.norm() + 1e-7)
+    for _ in range(steps):
+        m = x @ x.T  # (r, r)
+        x = a * x + (b * m + c * (m @ m)) @ x
+    return (x.T if tall else x).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Groups of kind "muon" (2-D params only) and kind "adam"; see the module docstring for lr_scale."""
+
+    def __init__(self, groups: list[dict], lr: float, momentum: float = 0.95, betas=(0.9, 0.95),
+                 eps: float = 1e-8, weight_decay: float = 0.0, ns_steps: int = 5):
+        defaults = dict(lr=lr, lr_scale=1.0, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay,
+                        ns_steps=ns_steps, kind="adam")
+        super().__init__(groups, defaults)
+        for group in self.param_groups:
+            if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):
+                raise ValueError("Muon groups take 2-D matrices only")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                self._muon_step(group)
+            else:
+                self._adam_step(group)
+        return loss
+
+    def _muon_step(self, group: dict) -> None:
+        lr = group["lr"] * group["lr_scale"]
+        mu = group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.mul_(mu).add_(p.grad)
+            update = p.grad.add(buf, alpha=mu)  # Nesterov
+            update = orthogonalize(update, group["ns_steps"])
+            rows, cols = p.shape
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update, alpha=-lr * max(1.0, rows / cols) ** 0.5)
+
+    def _adam_step(self, group: dict) -> None:
+        lr = group["lr"] * group["lr_scale"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            t = float(state["step"])
+            state["exp_avg"].lerp_(p.grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = (state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+            p.mul_(1 - lr * group["weight_decay"])
+            p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
+
+
+def muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """Hidden matrices (inside model.blocks) to Muon; embeddings, head and vectors to AdamW at their rates."""
+    hidden, embed, head, vectors = [], [], [], []
+    head_weight = getattr(getattr(model, "lm_head", None), "weight", None)
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p is head_weight:
+            head.append(p)
+        elif p.dim() == 2 and name.startswith("blocks."):
+            hidden.append(p)
+        elif p.dim() == 2:
+            embed.append(p)
+        else:
+            vectors.append(p)
+    groups = [
+        {"params": hidden, "kind": "muon", "lr_scale": cfg.muon_lr / cfg.lr, "weight_decay": cfg.weight_decay},
+        {"params": embed, "kind": "adam", "lr_scale": cfg.embed_lr / cfg.lr, "weight_decay": 0.0},
+        {"params": head, "kind": "adam", "lr_scale": cfg.head_lr / cfg.lr, "weight_decay": 0.0},
+        {"params": vectors, "kind": "adam", "lr_scale": cfg.scalar_lr / cfg.lr, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_muon(model: nn.Module, cfg: OptimConfig) -> Muon:
+    return Muon(muon_groups(model, cfg), lr=cfg.lr, momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
+                eps=cfg.eps)
