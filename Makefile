@@ -1,7 +1,10 @@
 # The ways a person runs TScale. `make demo` and `make test` work on a fresh clone.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-# torch comes first, then the package is built against it (--no-build-isolation).
+# torch comes first, then the package is built against it (--no-build-isolation). The
+# extension is compiled with the system gcc/g++ unless CC/CXX say otherwise: a Python built
+# with a compiler that links libstdc++ statically would otherwise give the extension its own
+# copy, and any error message with a number in it would crash.
 # On a GPU machine pick the torch build that matches its CUDA, e.g. TORCH_SPEC="torch==2.11.0".
 TORCH_SPEC ?= torch==2.13.0
 DEMO := .cache/demo
@@ -13,7 +16,7 @@ install:
 	@$(PYTHON) -c "import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 11) else 1)" 2>/dev/null \
 		|| $(PIP) install "$(TORCH_SPEC)"
 	$(PIP) install "setuptools>=64" wheel pybind11 ninja numpy click rich "pydantic>=2" "tokenizers>=0.19" safetensors matplotlib
-	$(PIP) install --no-build-isolation -e .
+	CC=$${CC:-gcc} CXX=$${CXX:-g++} $(PIP) install --no-build-isolation -e .
 
 test: install
 	$(PIP) install pytest
