@@ -12,17 +12,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "bitpack_checks.h"
+
 #include <cmath>
 #include <cstdint>
 
 namespace tscale {
 namespace {
-
-void check_pack_args(const at::Tensor& x, int64_t chunk) {
-  TORCH_CHECK(x.dim() == 1, "pack_signs: x must be 1-D, got ", x.dim(), "-D");
-  TORCH_CHECK(x.scalar_type() == at::kFloat, "pack_signs: x must be float32");
-  TORCH_CHECK(chunk > 0 && chunk % 8 == 0, "pack_signs: chunk must be a positive multiple of 8, got ", chunk);
-}
 
 std::tuple<at::Tensor, at::Tensor> pack_signs_cpu(const at::Tensor& x_in, int64_t chunk) {
   check_pack_args(x_in, chunk);
@@ -54,15 +50,6 @@ std::tuple<at::Tensor, at::Tensor> pack_signs_cpu(const at::Tensor& x_in, int64_
   return {bits, scales};
 }
 
-void check_unpack_args(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t chunk) {
-  TORCH_CHECK(bits.dim() == 1 && bits.scalar_type() == at::kByte, "unpack_signs: bits must be 1-D uint8");
-  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat, "unpack_signs: scales must be 1-D float32");
-  TORCH_CHECK(chunk > 0 && chunk % 8 == 0, "unpack_signs: chunk must be a positive multiple of 8, got ", chunk);
-  TORCH_CHECK(bits.numel() == (n + 7) / 8, "unpack_signs: ", bits.numel(), " bytes cannot hold ", n, " signs");
-  TORCH_CHECK(scales.numel() == (n + chunk - 1) / chunk, "unpack_signs: expected ", (n + chunk - 1) / chunk,
-              " scales, got ", scales.numel());
-}
-
 void unpack_into(const at::Tensor& bits_in, const at::Tensor& scales_in, at::Tensor& out, int64_t chunk, bool accumulate) {
   const at::Tensor bits = bits_in.contiguous();
   const at::Tensor scales = scales_in.contiguous();
@@ -91,8 +78,7 @@ at::Tensor unpack_signs_cpu(const at::Tensor& bits, const at::Tensor& scales, in
 }
 
 void unpack_signs_accumulate_cpu(at::Tensor& out, const at::Tensor& bits, const at::Tensor& scales, int64_t chunk) {
-  TORCH_CHECK(out.dim() == 1 && out.is_contiguous() && out.scalar_type() == at::kFloat,
-              "unpack_signs_accumulate_: out must be contiguous 1-D float32");
+  check_accumulate_out(out, bits);
   check_unpack_args(bits, scales, out.numel(), chunk);
   unpack_into(bits, scales, out, chunk, true);
 }

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "bitpack_checks.h"
+
 namespace tscale {
 namespace {
 
@@ -94,9 +96,7 @@ void check_aligned(const at::Tensor& t, const char* what) {
 }
 
 std::tuple<at::Tensor, at::Tensor> pack_signs_cuda(const at::Tensor& x_in, int64_t chunk) {
-  TORCH_CHECK(x_in.dim() == 1, "pack_signs: x must be 1-D, got ", x_in.dim(), "-D");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat, "pack_signs: x must be float32");
-  TORCH_CHECK(chunk > 0 && chunk % 8 == 0, "pack_signs: chunk must be a positive multiple of 8, got ", chunk);
+  check_pack_args(x_in, chunk);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous();
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
@@ -119,16 +119,6 @@ std::tuple<at::Tensor, at::Tensor> pack_signs_cuda(const at::Tensor& x_in, int64
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {bits, scales};
-}
-
-void check_unpack_args(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t chunk) {
-  TORCH_CHECK(bits.dim() == 1 && bits.scalar_type() == at::kByte, "unpack_signs: bits must be 1-D uint8");
-  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat, "unpack_signs: scales must be 1-D float32");
-  TORCH_CHECK(chunk > 0 && chunk % 8 == 0, "unpack_signs: chunk must be a positive multiple of 8, got ", chunk);
-  TORCH_CHECK(bits.numel() == (n + 7) / 8, "unpack_signs: ", bits.numel(), " bytes cannot hold ", n, " signs");
-  TORCH_CHECK(scales.numel() == (n + chunk - 1) / chunk, "unpack_signs: expected ", (n + chunk - 1) / chunk,
-              " scales, got ", scales.numel());
-  TORCH_CHECK(bits.device() == scales.device(), "unpack_signs: bits and scales must be on one device");
 }
 
 void launch_unpack(const at::Tensor& bits_in, const at::Tensor& scales_in, at::Tensor& out, int64_t chunk,
@@ -155,10 +145,8 @@ at::Tensor unpack_signs_cuda(const at::Tensor& bits, const at::Tensor& scales, i
 }
 
 void unpack_signs_accumulate_cuda(at::Tensor& out, const at::Tensor& bits, const at::Tensor& scales, int64_t chunk) {
-  TORCH_CHECK(out.dim() == 1 && out.is_contiguous() && out.scalar_type() == at::kFloat,
-              "unpack_signs_accumulate_: out must be contiguous 1-D float32");
+  check_accumulate_out(out, bits);
   check_unpack_args(bits, scales, out.numel(), chunk);
-  TORCH_CHECK(out.device() == bits.device(), "unpack_signs_accumulate_: out and bits must be on one device");
   const c10::cuda::CUDAGuard guard(out.device());
   if (reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0) {
     at::Tensor aligned = out.clone();
