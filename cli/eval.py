@@ -11,6 +11,7 @@ from tscale.devices import resolve_device
 from tscale.errors import UserError
 from tscale.eval import evaluate_checkpoint, plot_curves, run_dir_of
 from tscale.fileio import write_json_atomic
+from tscale.precision import INFER_MODES
 
 
 @click.command("eval")
@@ -21,7 +22,9 @@ from tscale.fileio import write_json_atomic
 @click.option("--max-tokens", type=int, help="Score at most this many val tokens (a quick, partial evaluation).")
 @click.option("--plot", type=click.Path(), help="Also draw the run's train/val loss curves into this PNG.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, device) -> None:
+@click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
+              help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
+def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, device, precision) -> None:
     """Score CKPT (a checkpoint folder, or a run folder for its newest checkpoint) on the val split of TOKENS."""
     if not Path(ckpt).exists():
         raise UserError(f"{ckpt}: no such checkpoint or run folder")
@@ -39,7 +42,8 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, device) -> Non
                   TimeElapsedColumn(), console=err, disable=not err.is_terminal) as progress:
         task = progress.add_task("eval", total=None)
         result = evaluate_checkpoint(ckpt, tokens_dir, resolve_device(device, "--device"), batch_size, max_tokens,
-                                     on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+                                     on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+                                     precision=precision)
     write_json_atomic(out, result)
     _print_table(result)
     console = Console(highlight=False)

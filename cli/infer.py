@@ -8,6 +8,7 @@ from rich.console import Console
 from tscale.devices import resolve_device
 from tscale.errors import UserError
 from tscale.infer import Engine, GenerationParams, SamplingParams, check_new_output, read_requests, write_completions
+from tscale.precision import INFER_MODES
 
 
 @click.command("infer")
@@ -22,7 +23,10 @@ from tscale.infer import Engine, GenerationParams, SamplingParams, check_new_out
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed; the same seed gives the same output.")
 @click.option("--stop", multiple=True, help="Stop when the text contains this string (not included); repeatable.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, device) -> None:
+@click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
+              help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
+def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, device,
+          precision) -> None:
     """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
     if (prompt is None) == (prompts_file is None):
         raise UserError("give exactly one of --prompt TEXT and --prompts FILE.jsonl")
@@ -35,7 +39,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
     if prompts_file is not None:
         requests = read_requests(prompts_file, params)
         check_new_output(out)
-        engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"))
+        engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision)
 
         def report(i, c):
             err.print(f"[{i + 1}/{len(requests)}] {c.tokens} tokens, {c.finish_reason}")
@@ -43,7 +47,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
         write_completions(engine, requests, out, on_done=report)
         err.print(f"{len(requests)} completion(s) -> {out}")
         return
-    engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"))
+    engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision)
     stream = engine.stream(prompt, params)
     for piece in stream:
         sys.stdout.write(piece)

@@ -149,12 +149,34 @@ class DistConfig(_Section):
     timeout_s: float = Field(1800.0, gt=0)
 
 
+class PrecisionConfig(_Section):
+    """Low-precision linear layers in training (docs/lowprec.md).
+
+    recipe "bf16" keeps nn.Linear under train.dtype; "fp8_tensorwise", "fp8_rowwise" and
+    "int8_rowwise" run the products of every linear layer not named in `exclude` in fp8 / int8
+    with fp32 master weights. `int8_backward` runs int8_rowwise's backward products in int8
+    too (default: bf16). A name in `exclude` matches any part of a module name; a glob
+    (*, ?) matches the whole name.
+    """
+
+    recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise"] = "bf16"
+    int8_backward: bool = False
+    exclude: list[str] = Field(default_factory=lambda: ["wte", "lm_head"])
+
+    @model_validator(mode="after")
+    def _check_backward(self) -> "PrecisionConfig":
+        if self.int8_backward and self.recipe != "int8_rowwise":
+            raise ValueError(f'precision.int8_backward needs precision.recipe = "int8_rowwise" (got "{self.recipe}")')
+        return self
+
+
 class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
     dist: DistConfig = DistConfig()
+    precision: PrecisionConfig = PrecisionConfig()
 
 
 def _parse_value(text: str) -> Any:
@@ -246,4 +268,6 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")

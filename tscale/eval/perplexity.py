@@ -170,8 +170,12 @@ def run_dir_of(ckpt: str | os.PathLike) -> Path | None:
 
 def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, device: torch.device | str = "cpu",
                         batch_size: int = 8, max_tokens: int | None = None,
-                        on_progress: Callable[[int, int], None] | None = None) -> dict:
-    """Load CKPT (checkpoint or run folder), check the tokenizer, score the val split: the eval.json record."""
+                        on_progress: Callable[[int, int], None] | None = None, precision: str = "bf16") -> dict:
+    """Load CKPT (checkpoint or run folder), check the tokenizer, score the val split: the eval.json record.
+
+    precision: "bf16" (as trained) or a low-precision inference mode of tscale.precision.INFER_MODES.
+    """
+    from tscale.precision import quantize_for_inference
     from tscale.train.checkpoint import load_model
 
     if batch_size < 1:
@@ -180,7 +184,8 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
         raise UserError(f"--max-tokens {max_tokens}: must be at least 1")
     folder = TokenFolder(tokens_dir)
     model, ck = load_model(ckpt, device)
+    quantize_for_inference(model, precision)
     check_same_tokenizer(ck.tokenizer_path, folder, model.cfg.vocab_size)
     result = evaluate(model, folder, device, batch_size, max_tokens, on_progress)
     return {"checkpoint": str(ck.path), "step": ck.step, "tokens_dir": str(folder.path),
-            "max_tokens": max_tokens, **result}
+            "max_tokens": max_tokens, "precision": precision, **result}

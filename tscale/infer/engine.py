@@ -66,10 +66,14 @@ class Engine:
         self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else contextlib.nullcontext
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "Engine":
+    def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
+                        precision: str = "bf16") -> "Engine":
+        """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8")."""
+        from tscale.precision import quantize_for_inference
         from tscale.train.checkpoint import load_model
 
         model, ckpt = load_model(path, device)
+        quantize_for_inference(model, precision)
         return cls(model, load_tokenizer(ckpt.tokenizer_path), device)
 
     def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:

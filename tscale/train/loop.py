@@ -31,6 +31,7 @@ from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
+from tscale.precision import convert_linears
 from tscale.train.checkpoint import checkpoint_dirs, load_train_state, load_weights, open_checkpoint, save_checkpoint
 from tscale.train.metrics import MetricsLog, NullLog, ProgressLine
 
@@ -157,6 +158,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
+    convert_linears(model, cfg.precision.recipe, exclude=cfg.precision.exclude, int8_backward=cfg.precision.int8_backward)
     if env.active:
         torch.manual_seed(cfg.train.seed + 1000 * env.rank)  # own dropout masks per rank
     loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world)

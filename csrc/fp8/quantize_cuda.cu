@@ -1,0 +1,250 @@
+// Fused quantize on CUDA: amax + scale + cast (+ transposed copy) for the op declared in quantize.cpp.
+//
+// Per-row scales without the transposed copy (activations in the forward pass): one kernel,
+//   one block per row. The block reads its row once (into shared memory when it fits,
+//   K <= 11264 floats), reduces the row's amax, writes the scale and the cast row:
+//   one read and one write of the tensor.
+// Every other case (one scale per tensor, per-column scales, or the transposed copy) needs the
+//   amax of a whole tensor or column before the first value can be cast, so it runs three
+//   kernels: amax (atomicMax on the bits of non-negative floats, which order like the floats),
+//   scales (scale = amax / QMAX and its inverse), and a cast over 32x32 tiles that writes q and,
+//   through a shared-memory tile, q_t with coalesced rows: two reads and one or two writes.
+// Casts: fp8 through __nv_cvt_float_to_fp8 with saturation to the finite range, rounding to
+//   nearest even; int8 through rintf (half to even) and a clamp to +-127. The inverse scale is
+//   one IEEE division (__fdiv_rn, immune to --use_fast_math), so the results equal the
+//   reference's bit for bit.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace tscale {
+namespace {
+
+constexpr float kAmaxFloor = 1e-12f;
+constexpr int kThreads = 256;
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // a tile block is 32 x 8 threads, each thread handles 4 rows
+constexpr int64_t kMaxCachedRow = 44 * 1024 / sizeof(float);  // dynamic + static shared memory stay under 48 KB
+
+enum Mode : int { kTensor = 0, kRows = 1, kCols = 2 };
+enum Kind : int { kInt8 = 0, kE4M3 = 1, kE5M2 = 2 };
+
+template <int kKind>
+__device__ __forceinline__ uint8_t cast_to(float v, float qmax) {
+  if constexpr (kKind == kInt8) {
+    const float r = fminf(fmaxf(rintf(v), -qmax), qmax);
+    return static_cast<uint8_t>(static_cast<int8_t>(r));
+  } else if constexpr (kKind == kE4M3) {
+    return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  } else {
+    return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+  return v;
+}
+
+// The max of v over the block, returned to every thread. blockDim.x must be kThreads.
+__device__ float block_max(float v) {
+  __shared__ float partial[kThreads / 32];
+  __shared__ float result;
+  v = warp_max(v);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.f;
+    w = warp_max(w);
+    if (threadIdx.x == 0) result = w;
+  }
+  __syncthreads();
+  return result;
+}
+
+template <typename in_t, int kKind, bool kCached>
+__global__ void rowwise_kernel(const in_t* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scale,
+                               int64_t K, float qmax) {
+  extern __shared__ float row[];
+  const int64_t r = blockIdx.x;
+  const in_t* xr = x + r * K;
+  float m = 0.f;
+  for (int64_t c = threadIdx.x; c < K; c += kThreads) {
+    const float v = static_cast<float>(xr[c]);
+    if constexpr (kCached) row[c] = v;
+    m = fmaxf(m, fabsf(v));
+  }
+  const float amax = fmaxf(block_max(m), kAmaxFloor);  // block_max synchronises, so `row` is complete
+  const float inv = __fdiv_rn(qmax, amax);
+  if (threadIdx.x == 0) scale[r] = __fdiv_rn(amax, qmax);
+  uint8_t* qr = q + r * K;
+  for (int64_t c = threadIdx.x; c < K; c += kThreads) {
+    const float v = kCached ? row[c] : static_cast<float>(xr[c]);
+    qr[c] = cast_to<kKind>(v * inv, qmax);
+  }
+}
+
+template <typename in_t>
+__global__ void amax_tensor_kernel(const in_t* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    m = fmaxf(m, fabsf(static_cast<float>(x[i])));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
+}
+
+template <typename in_t>
+__global__ void amax_rows_kernel(const in_t* __restrict__ x, int64_t K, unsigned int* __restrict__ amax) {
+  const int64_t r = blockIdx.x;
+  float m = 0.f;
+  for (int64_t c = threadIdx.x; c < K; c += kThreads) m = fmaxf(m, fabsf(static_cast<float>(x[r * K + c])));
+  m = block_max(m);
+  if (threadIdx.x == 0) amax[r] = __float_as_uint(m);
+}
+
+// grid (ceil(K / kThreads), row chunks): thread = one column over one chunk of rows; reads coalesced along rows.
+template <typename in_t>
+__global__ void amax_cols_kernel(const in_t* __restrict__ x, int64_t M, int64_t K, int64_t rows_per_chunk,
+                                 unsigned int* __restrict__ amax) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  if (c >= K) return;
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
+  float m = 0.f;
+  for (int64_t r = r0; r < r1; ++r) m = fmaxf(m, fabsf(static_cast<float>(x[r * K + c])));
+  atomicMax(amax + c, __float_as_uint(m));
+}
+
+__global__ void scales_kernel(const unsigned int* __restrict__ amax_bits, int64_t n, float qmax,
+                              float* __restrict__ scale, float* __restrict__ inv) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  if (i >= n) return;
+  const float a = fmaxf(__uint_as_float(amax_bits[i]), kAmaxFloor);
+  scale[i] = __fdiv_rn(a, qmax);
+  inv[i] = __fdiv_rn(qmax, a);
+}
+
+// grid (ceil(M / 32), ceil(K / 32)), block (32, 8). q_t may be null (no transposed copy).
+template <typename in_t, int kKind>
+__global__ void cast_tiles_kernel(const in_t* __restrict__ x, const float* __restrict__ inv, int mode, int64_t M,
+                                  int64_t K, float qmax, uint8_t* __restrict__ q, uint8_t* __restrict__ q_t) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile, c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < M && c < K) {
+      const float s = mode == kTensor ? inv[0] : (mode == kRows ? inv[r] : inv[c]);
+      const uint8_t v = cast_to<kKind>(static_cast<float>(x[r * K + c]) * s, qmax);
+      q[r * K + c] = v;
+      tile[i][threadIdx.x] = v;
+    }
+  }
+  if (q_t == nullptr) return;  // uniform over the grid, so no thread misses the barrier below
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (c < K && r < M) q_t[c * M + r] = tile[threadIdx.x][i];
+  }
+}
+
+float qmax_of(at::ScalarType t, int* kind) {
+  switch (t) {
+    case at::kFloat8_e4m3fn: *kind = kE4M3; return 448.f;
+    case at::kFloat8_e5m2: *kind = kE5M2; return 57344.f;
+    case at::kChar: *kind = kInt8; return 127.f;
+    default: TORCH_CHECK(false, "quantize: dtype must be float8_e4m3fn, float8_e5m2 or int8, got ", t);
+  }
+  return 0.f;
+}
+
+template <typename in_t, int kKind>
+void launch(const at::Tensor& x, int mode, float qmax, at::Tensor& q, at::Tensor& scale, at::Tensor& q_t) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const in_t* xp = x.data_ptr<in_t>();
+  uint8_t* qp = static_cast<uint8_t*>(q.data_ptr());
+  float* sp = scale.data_ptr<float>();
+  if (mode == kRows && q_t.numel() == 0) {
+    TORCH_CHECK(M <= 0x7fffffffLL, "quantize: too many rows for one launch");
+    if (K <= kMaxCachedRow) {
+      rowwise_kernel<in_t, kKind, true><<<M, kThreads, K * sizeof(float), stream>>>(xp, qp, sp, K, qmax);
+    } else {
+      rowwise_kernel<in_t, kKind, false><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t n_scales = mode == kTensor ? 1 : (mode == kRows ? M : K);
+  at::Tensor amax = at::zeros({n_scales}, x.options().dtype(at::kInt));
+  unsigned int* ap = reinterpret_cast<unsigned int*>(amax.data_ptr<int>());
+  if (mode == kTensor) {
+    const int64_t blocks = std::min<int64_t>((M * K + kThreads - 1) / kThreads, 1024);
+    amax_tensor_kernel<in_t><<<blocks, kThreads, 0, stream>>>(xp, M * K, ap);
+  } else if (mode == kRows) {
+    amax_rows_kernel<in_t><<<M, kThreads, 0, stream>>>(xp, K, ap);
+  } else {
+    const int64_t col_blocks = (K + kThreads - 1) / kThreads;
+    const int64_t chunks = std::min<int64_t>(std::max<int64_t>(1024 / col_blocks, 1), std::min<int64_t>(M, 65535));
+    const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
+    const dim3 grid(col_blocks, (M + rows_per_chunk - 1) / rows_per_chunk);
+    amax_cols_kernel<in_t><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor inv = at::empty({n_scales}, x.options().dtype(at::kFloat));
+  scales_kernel<<<(n_scales + kThreads - 1) / kThreads, kThreads, 0, stream>>>(ap, n_scales, qmax, sp,
+                                                                              inv.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  TORCH_CHECK((K + kTile - 1) / kTile <= 65535, "quantize: K = ", K, " is too wide for one launch");
+  const dim3 grid((M + kTile - 1) / kTile, (K + kTile - 1) / kTile), block(kTile, kTileRows);
+  uint8_t* qtp = q_t.numel() ? static_cast<uint8_t*>(q_t.data_ptr()) : nullptr;
+  cast_tiles_kernel<in_t, kKind><<<grid, block, 0, stream>>>(xp, inv.data_ptr<float>(), mode, M, K, qmax, qp, qtp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x_in, at::ScalarType dtype,
+                                                           std::optional<int64_t> axis, bool transpose) {
+  TORCH_CHECK(x_in.dim() == 2, "quantize: x must be 2-D (M, K), got ", x_in.dim(), "-D");
+  TORCH_CHECK(!axis.has_value() || *axis == 0 || *axis == 1 || *axis == -1,
+              "quantize: axis must be None, 0, 1 or -1, got ", *axis);
+  int kind = 0;
+  const float qmax = qmax_of(dtype, &kind);
+  const int mode = !axis.has_value() ? kTensor : (*axis == 0 ? kCols : kRows);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(dtype));
+  at::Tensor q_t = at::empty(transpose ? std::vector<int64_t>{K, M} : std::vector<int64_t>{0}, x.options().dtype(dtype));
+  std::vector<int64_t> scale_shape;
+  if (mode == kRows) scale_shape = {M, 1};
+  if (mode == kCols) scale_shape = {1, K};
+  at::Tensor scale = at::empty(scale_shape, x.options().dtype(at::kFloat));
+  if (M == 0 || K == 0) {
+    scale.fill_(kAmaxFloor / qmax);
+    return {q, scale, q_t};
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_cuda", [&] {
+    if (kind == kE4M3) launch<scalar_t, kE4M3>(x, mode, qmax, q, scale, q_t);
+    else if (kind == kE5M2) launch<scalar_t, kE5M2>(x, mode, qmax, q, scale, q_t);
+    else launch<scalar_t, kInt8>(x, mode, qmax, q, scale, q_t);
+  });
+  return {q, scale, q_t};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tscale, CUDA, m) {
+  m.impl("quantize", &quantize_cuda);
+}
+
+}  // namespace tscale

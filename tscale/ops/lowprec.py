@@ -1,0 +1,186 @@
+"""Low-precision ops: fused quantize (amax + scale + cast, optionally transposed) and fp8 / int8 matrix products.
+
+quantize(x (M, K) float, dtype, axis=None, transpose=False)
+    dtype: torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8
+    axis None: one scale for the tensor, scale ()
+    axis -1 (or 1): one scale per row, scale (M, 1)
+    axis 0: one scale per column, scale (1, K)
+    -> (q (M, K) dtype, scale float32), plus q_t (K, M) = q.t() contiguous when transpose is set.
+    x ~= q * scale (broadcast), scale = max(amax, AMAX_FLOOR) / QMAX[dtype], q = cast(x * (QMAX / amax)):
+    fp8 saturates to +-QMAX and rounds to nearest even; int8 rounds to nearest even and clamps to +-127.
+fp8_mm(a (M, K) fp8, b (K, N) fp8, scale_a () | (M, 1), scale_b () | (1, N), out_dtype) -> (M, N)
+int8_mm(a (M, K) int8, b (K, N) int8, scale_a, scale_b, out_dtype) -> (M, N)
+    out = (a @ b) * scale_a * scale_b: the scales are applied to the exact (int32 / fp32) sums.
+
+References are plain torch (dequantise-and-matmul in fp32). Fast paths: quantize runs the
+tscale._C kernel (csrc/fp8) when built; on CUDA the products run torch._scaled_mm /
+torch._int_mm where their shape rules allow, on CPU fp8_mm is the reference and int8_mm
+runs torch._int_mm (exact int32 sums).
+"""
+
+import functools
+import logging
+
+import torch
+
+from tscale.ops.backend import cuda_kernels_available, kernels_available
+
+log = logging.getLogger("tscale.ops")
+
+QMAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0, torch.int8: 127.0}
+AMAX_FLOOR = 1e-12  # an all-zero tensor or row gets a tiny scale and q = 0, never a division by zero
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _check_quantize_args(x: torch.Tensor, dtype: torch.dtype, axis: int | None) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"quantize: x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"quantize: x must be a float tensor, got {x.dtype}")
+    if dtype not in QMAX:
+        raise ValueError(f"quantize: dtype must be one of {list(QMAX)}, got {dtype}")
+    if axis not in (None, 0, 1, -1):
+        raise ValueError(f"quantize: axis must be None, 0, 1 or -1, got {axis}")
+
+
+def quantize_reference(x: torch.Tensor, dtype: torch.dtype, axis: int | None = None,
+                       transpose: bool = False) -> tuple[torch.Tensor, ...]:
+    _check_quantize_args(x, dtype, axis)
+    qmax = QMAX[dtype]
+    xf = x.float()  # (M, K)
+    amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=axis, keepdim=True)  # () | (M, 1) | (1, K)
+    amax = amax.clamp(min=AMAX_FLOOR)
+    qmax_t = torch.full_like(amax, qmax)  # tensor / tensor is one IEEE division (scalar / tensor is not)
+    scale = amax / qmax_t
+    y = xf * (qmax_t / amax)  # (M, K), within [-qmax, qmax] up to rounding
+    if dtype == torch.int8:
+        q = torch.round(y).clamp(-qmax, qmax).to(torch.int8)
+    else:
+        q = y.clamp(-qmax, qmax).to(dtype)
+    if transpose:
+        return q, scale, q.t().contiguous()
+    return q, scale
+
+
+@functools.cache
+def _quantize_kernel_on(device_type: str) -> bool:
+    """Whether tscale._C has a quantize kernel for this device type (an older build may lack the op)."""
+    usable = kernels_available() if device_type == "cpu" else device_type == "cuda" and cuda_kernels_available()
+    if not usable:
+        return False
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key("tscale::quantize", device_type.upper())
+    except RuntimeError:  # the build predates the op
+        return False
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, axis: int | None = None,
+             transpose: bool = False) -> tuple[torch.Tensor, ...]:
+    """(q, scale), or (q, scale, q_t) with transpose; see the module docstring."""
+    if _quantize_kernel_on(x.device.type):
+        _check_quantize_args(x, dtype, axis)
+        q, scale, q_t = torch.ops.tscale.quantize(x, dtype, axis, transpose)
+        return (q, scale, q_t) if transpose else (q, scale)
+    return quantize_reference(x, dtype, axis, transpose)
+
+
+def _scaled_product_reference(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                              out_dtype: torch.dtype) -> torch.Tensor:
+    with torch.autocast(a.device.type, enabled=False):
+        acc = a.float() @ b.float()  # (M, N) fp32 sums of the dequantised-free products
+    return (acc * scale_a.float() * scale_b.float()).to(out_dtype)
+
+
+def fp8_mm_reference(a, b, scale_a, scale_b, out_dtype):
+    return _scaled_product_reference(a, b, scale_a, scale_b, out_dtype)
+
+
+def int8_mm_reference(a, b, scale_a, scale_b, out_dtype):
+    return _scaled_product_reference(a, b, scale_a, scale_b, out_dtype)
+
+
+def _check_mm_args(name: str, a, b, scale_a, scale_b, dtypes) -> None:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"{name}: expected (M, K) @ (K, N), got {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dtype not in dtypes or b.dtype not in dtypes:
+        raise ValueError(f"{name}: operands must be {dtypes}, got {a.dtype} and {b.dtype}")
+    M, N = a.shape[0], b.shape[1]
+    if scale_a.numel() != 1 and tuple(scale_a.shape) != (M, 1):
+        raise ValueError(f"{name}: scale_a must be () or ({M}, 1), got {tuple(scale_a.shape)}")
+    if scale_b.numel() != 1 and tuple(scale_b.shape) != (1, N):
+        raise ValueError(f"{name}: scale_b must be () or (1, {N}), got {tuple(scale_b.shape)}")
+
+
+_fallbacks_said: set[str] = set()
+
+
+def _fallback(what: str, err: Exception) -> None:
+    if what not in _fallbacks_said:
+        _fallbacks_said.add(what)
+        log.warning("ops: %s failed (%s); using the reference for it", what, str(err).splitlines()[0])
+
+
+def _scaled_mm_ok(a, b, scale_a, scale_b, out_dtype) -> bool:
+    """torch._scaled_mm's rules on CUDA: dims multiples of 16, not both e5m2, rowwise needs e4m3 and bf16 out."""
+    if any(d % 16 for d in (*a.shape, b.shape[1])):
+        return False
+    if a.dtype == b.dtype == torch.float8_e5m2:
+        return False
+    tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
+    if tensorwise:
+        return True
+    return a.dtype == b.dtype == torch.float8_e4m3fn and out_dtype == torch.bfloat16
+
+
+def fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    _check_mm_args("fp8_mm", a, b, scale_a, scale_b, FP8_DTYPES)
+    if a.device.type == "cuda" and _scaled_mm_ok(a, b, scale_a, scale_b, out_dtype):
+        tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
+        sa = scale_a.float().reshape(()) if tensorwise else scale_a.float().contiguous()
+        sb = scale_b.float().reshape(()) if tensorwise else scale_b.float().contiguous()
+        b_cm = b if b.t().is_contiguous() else b.t().contiguous().t()  # (K, N), column-major
+        try:
+            return torch._scaled_mm(a.contiguous(), b_cm, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+        except RuntimeError as e:
+            _fallback(f"torch._scaled_mm {a.dtype}x{b.dtype}->{out_dtype}", e)
+    return fp8_mm_reference(a, b, scale_a, scale_b, out_dtype)
+
+
+def int8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    _check_mm_args("int8_mm", a, b, scale_a, scale_b, (torch.int8,))
+    M, K = a.shape
+    N = b.shape[1]
+    usable = a.device.type == "cpu" or (a.device.type == "cuda" and M > 16 and K % 8 == 0 and N % 8 == 0)
+    if usable:
+        try:
+            acc = torch._int_mm(a.contiguous(), b)  # (M, N) int32, exact
+            return (acc.float() * scale_a.float() * scale_b.float()).to(out_dtype)
+        except RuntimeError as e:
+            _fallback(f"torch._int_mm on {a.device.type}", e)
+    return int8_mm_reference(a, b, scale_a, scale_b, out_dtype)
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              out_dtype: torch.dtype) -> torch.Tensor:
+    """fp8_mm or int8_mm, by the operands' dtype."""
+    mm = int8_mm if a.dtype == torch.int8 else fp8_mm
+    return mm(a, b, scale_a, scale_b, out_dtype)
+
+
+def _register_fake() -> None:
+    """Shapes of tscale::quantize for torch.compile (only when the built extension has the op)."""
+    if not (_quantize_kernel_on("cpu") or _quantize_kernel_on("cuda")):
+        return
+
+    @torch.library.register_fake("tscale::quantize")
+    def _(x, dtype, axis, transpose):
+        M, K = x.shape
+        scale_shape = () if axis is None else ((1, K) if axis == 0 else (M, 1))
+        q = x.new_empty((M, K), dtype=dtype)
+        q_t = x.new_empty((K, M) if transpose else (0,), dtype=dtype)
+        return q, x.new_empty(scale_shape, dtype=torch.float32), q_t
+
+
+_register_fake()

@@ -1,0 +1,63 @@
+"""Low-precision inference: a checkpoint's linear weights converted once at load time.
+
+Modes (`tscale infer/eval --precision`):
+  bf16     unchanged: bf16 autocast on CUDA, fp32 on the CPU
+  int8-w   int8 weights, one scale per output channel, dequantised on the fly; the product in the compute dtype
+  fp8-w    the same with e4m3 weights
+  int8     int8 weights as above and int8 activations with one dynamic scale per token: int8 x int8 -> int32
+  fp8      e4m3 weights and activations, per-channel / per-token scales: the fp8 product
+The embedding and the head stay as they are by default (`exclude`).
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tscale.errors import UserError
+from tscale.ops.lowprec import quantize, scaled_mm
+from tscale.precision.linear import compute_dtype, replace_linears
+
+INFER_MODES = ("bf16", "int8-w", "fp8-w", "int8", "fp8")
+_MODES = {"int8-w": (torch.int8, False), "fp8-w": (torch.float8_e4m3fn, False),
+          "int8": (torch.int8, True), "fp8": (torch.float8_e4m3fn, True)}
+
+
+class QuantizedLinear(nn.Module):
+    """Inference-only linear layer: a frozen low-precision weight (N, K) with per-output-channel scales (N, 1)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantize_activations: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.quantize_activations = quantize_activations
+        with torch.no_grad():
+            qweight, scale = quantize(linear.weight.detach(), dtype, -1)  # (N, K), (N, 1)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("w_scale", scale)
+        self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        dt = compute_dtype(x)
+        if self.quantize_activations:
+            xq, sx = quantize(x2, self.qweight.dtype, -1)  # (M, K), (M, 1)
+            y = scaled_mm(xq, self.qweight.t(), sx, self.w_scale.t(), dt)  # (M, N)
+        else:
+            w = (self.qweight.float() * self.w_scale).to(dt)  # (N, K), dequantised on the fly
+            y = F.linear(x2.to(dt), w)
+        y = y.view(*lead, self.out_features)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        act = "dynamic per-token" if self.quantize_activations else "weight-only"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.dtype}, {act}"
+
+
+def quantize_for_inference(model: nn.Module, mode: str, include=None, exclude=("wte", "lm_head")) -> list[str]:
+    """Replace the model's chosen nn.Linear modules for inference in `mode` (see the module docstring); the names."""
+    if mode not in INFER_MODES:
+        raise UserError(f"--precision {mode}: expected one of {', '.join(INFER_MODES)}")
+    if mode == "bf16":
+        return []
+    dtype, act = _MODES[mode]
+    return replace_linears(model, lambda linear: QuantizedLinear(linear, dtype, act), include, exclude)

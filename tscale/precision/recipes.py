@@ -1,0 +1,47 @@
+"""The training recipes: which dtype each product's operands take and how their scales are laid out.
+
+A recipe names the dtype of activations and weights in the forward product, the dtype of the
+output gradient in the two backward products (None: the backward runs in the autocast dtype,
+from the high-precision activations and weights), and the scale granularity: one scale per
+tensor, or one per row of the left operand and one per column of the right operand of each
+product (per token and per output channel in the forward product). docs/lowprec.md has the
+details and the reasons.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from tscale.errors import UserError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    fwd_dtype: torch.dtype
+    grad_dtype: torch.dtype | None
+    rowwise: bool
+
+
+RECIPES: dict[str, Recipe] = {
+    "fp8_tensorwise": Recipe("fp8_tensorwise", torch.float8_e4m3fn, torch.float8_e5m2, rowwise=False),
+    "fp8_rowwise": Recipe("fp8_rowwise", torch.float8_e4m3fn, torch.float8_e4m3fn, rowwise=True),
+    "int8_rowwise": Recipe("int8_rowwise", torch.int8, None, rowwise=True),
+}
+TRAIN_RECIPES = ("bf16", *RECIPES)
+
+
+def get_recipe(name: str, int8_backward: bool = False) -> Recipe | None:
+    """The recipe called `name`; None for "bf16" (plain nn.Linear under the configured autocast)."""
+    if name == "bf16":
+        if int8_backward:
+            raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
+        return None
+    if name not in RECIPES:
+        raise UserError(f"precision.recipe {name!r}: expected one of {', '.join(TRAIN_RECIPES)}")
+    recipe = RECIPES[name]
+    if int8_backward:
+        if name != "int8_rowwise":
+            raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
+        return Recipe("int8_rowwise+int8_backward", torch.int8, torch.int8, rowwise=True)
+    return recipe
