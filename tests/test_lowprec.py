@@ -307,7 +307,7 @@ def test_cuda_function_matches_the_cpu_reference_path(name):
     x, w, g = rand(128, 256, seed=10), rand(192, 256, seed=11) * 0.05, rand(128, 192, seed=12)
     outs = {}
     for device in ("cpu", "cuda"):
-        xa, wa = x.to(device).requires_grad_(), w.to(device).requires_grad_()
+        xa, wa = x.detach().to(device).requires_grad_(), w.detach().to(device).requires_grad_()  # fresh leaves
         y = LowPrecMatmul.apply(xa, wa, _recipe(name), torch.bfloat16)
         y.backward(g.to(device, torch.bfloat16))
         outs[device] = (y.float().cpu(), xa.grad.cpu(), wa.grad.cpu())

@@ -137,6 +137,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/bench/lowprec.json alone")
+    ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"ops: {backend()}")
@@ -148,7 +149,7 @@ def main() -> None:
         notes = (f"M={args.tokens} tokens; forward products of one block's four linear layers (d, 3d, 4d); "
                  f"*_gemm_rate_* = bf16 time / our path's time (quantize + product); "
                  f"*_layer_fwdbwd_* = nn.Linear bf16 autocast step time / LowPrecLinear step time; ops: {backend()}")
-        path = write_record("lowprec", metrics, notes, REPO / "docs" / "bench")
+        path = write_record("lowprec", metrics, notes, args.out_dir)
         print(f"-> {path}")
 
 
