@@ -10,16 +10,18 @@ from tscale.index.build import DEFAULT_MAX_MEMORY_GB, build_index as build
 @click.argument("tokens", type=click.Path())
 @click.option("-o", "--out", type=click.Path(), required=True, help="Index folder to create (must not exist).")
 @click.option("--max-memory-gb", type=float, default=DEFAULT_MAX_MEMORY_GB, show_default=True,
-              help="Memory for building one shard's suffix array; bounds the shard size.")
+              help="Memory for sorting suffix arrays (all workers together); bounds the shard size.")
 @click.option("--shard-tokens", type=int, help="At most this many tokens per index shard (default: from --max-memory-gb).")
 @click.option("--decontaminate", type=int, metavar="N",
               help="Leave out training documents that share an N-token span with a validation document.")
 @click.option("--features", is_flag=True, help="Also write per-token lookups (features-{split}-NNNNN.bin) for the token folder.")
+@click.option("--workers", type=int, help="Shards sorted at once, one thread each, within --max-memory-gb together "
+              "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
-def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, quiet) -> None:
+def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
-              shard_tokens=shard_tokens, quiet=quiet)
+              shard_tokens=shard_tokens, quiet=quiet, workers=workers)
     console = Console(highlight=False)
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "

@@ -50,6 +50,7 @@ def _random_case(rng, trial):
     elif trial % 3 == 2:  # a different range at every position
         s = rng.integers(0, len(text), len(query))
         excl = np.stack([s, s + rng.integers(0, 60, len(query))], axis=1)
+        excl[rng.random(len(query)) < 0.5] = ops.NO_RANGE  # positions without exclusion share the kernel's cache
     return vocab, text, query, excl
 
 
@@ -58,11 +59,15 @@ def test_lookup_matches_brute_force():
     rng = np.random.default_rng(1)
     for trial in range(60):
         vocab, text, query, excl = _random_case(rng, trial)
-        sa, first = ops.suffix_array(text), ops.first_table(text, vocab + 1)
+        sa = ops.suffix_array(text)
+        tables = ops.lookup_tables(text, sa, vocab + 1)
         max_len = 64 if trial % 4 == 0 else int(rng.integers(1, 8))
+        topk = int(rng.integers(1, 5))
         for eos in (-1, vocab):
-            got = ops.index_lookup(text, sa, first, query, excl, eos, max_len, 3, 1 << 30)
-            want = ops.index_lookup_reference(text, sa, first, query, excl, eos, max_len, 3, 0)
+            # max_support at or above every range size: exact counts, whatever the path
+            support = 1 << 30 if trial % 2 else len(text)
+            got = ops.index_lookup(text, sa, tables, query, excl, eos, max_len, topk, support)
+            want = ops.index_lookup_reference(text, sa, tables, query, excl, eos, max_len, topk, 0)
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
 
@@ -72,13 +77,66 @@ def test_lookup_does_not_depend_on_chunking():
     rng = np.random.default_rng(2)
     text = np.tile(rng.integers(0, 40, 3000), 3).astype(np.uint16)
     text[rng.random(len(text)) < 0.001] = 40
-    sa, first = ops.suffix_array(text), ops.first_table(text, 41)
+    sa = ops.suffix_array(text)
+    tables = ops.lookup_tables(text, sa, 41)
     query = np.concatenate([text[:20000], rng.integers(0, 41, 20000)])
-    full = ops.index_lookup(text, sa, first, query, None, 40, 64, 2, 64)
+    full = ops.index_lookup(text, sa, tables, query, None, 40, 64, 2, 64)
     cut = 16384 - 300  # a later slice puts the kernel's chunk boundaries elsewhere
-    part = ops.index_lookup(text, sa, first, query[cut:], None, 40, 64, 2, 64)
+    part = ops.index_lookup(text, sa, tables, query[cut:], None, 40, 64, 2, 64)
     for f, p in zip(full, part):
         np.testing.assert_array_equal(f[cut + 100:], p[100:])
+
+
+@needs_kernels
+def test_pair_table_matches_reference():
+    rng = np.random.default_rng(4)
+    for s in _streams(rng):
+        for dtype in (np.uint16, np.uint32):
+            toks = s.astype(dtype)
+            sa = ops.suffix_array(toks)
+            vocab = int(toks.max()) + 1
+            got = ops.lookup_tables(toks, sa, vocab)
+            want = ops.pair_table_reference(toks, sa, vocab)
+            for g, w in zip(got[1:], want):
+                np.testing.assert_array_equal(g, w)
+            assert got.pair_off[-1] == len(got.pair_next) == len(np.unique(toks[:-1].astype(np.int64) * vocab + toks[1:]))
+
+
+def _sampled_reference(text, sa, tables, query, max_len, topk, max_support):
+    """Next-token counts as documented for ranges above max_support: max_support evenly spaced entries, scaled."""
+    lens = ops.index_lookup_reference(text, sa, tables, query, None, -1, max_len, 1, 0)[0]
+    text = np.asarray(text, dtype=np.int64)
+    nxt = np.full((len(query), topk), -1)
+    cnt = np.zeros((len(query), topk), dtype=np.int64)
+    for i, length in enumerate(lens):
+        if length == 0:
+            continue
+        pat = query[i - length + 1: i + 1]
+        rows = [j for j, p in enumerate(sa) if np.array_equal(text[p:p + length], pat)]  # the SA range
+        size = len(rows)
+        if size > max_support:
+            rows = [rows[(k * size) // max_support] for k in range(max_support)]
+        rows = [j for j in rows if sa[j] + length < len(text)]  # entries without a next token do not count
+        vals, c = np.unique(text[np.asarray(sa, dtype=np.int64)[rows] + length], return_counts=True)
+        order = sorted(range(len(vals)), key=lambda j: (-c[j], vals[j]))[:topk]
+        for r, j in enumerate(order):
+            nxt[i, r] = vals[j]
+            cnt[i, r] = (c[j] * size + max_support // 2) // max_support if size > max_support else c[j]
+    return lens, nxt, cnt
+
+
+@needs_kernels
+def test_lookup_samples_large_ranges_as_documented():
+    rng = np.random.default_rng(5)
+    text = rng.integers(0, 6, 3000).astype(np.uint16)
+    sa = ops.suffix_array(text)
+    tables = ops.lookup_tables(text, sa, 6)
+    query = rng.integers(0, 6, 300)
+    for support in (1, 7, 50):
+        got = ops.index_lookup(text, sa, tables, query, None, -1, 4, 3, support)
+        want = _sampled_reference(text, sa, tables, query, 4, 3, support)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
 
 
 def test_merge_shards_sums_counts_at_the_longest_length():
@@ -158,6 +216,16 @@ def test_sharded_index_lookup_and_leave_one_out(token_folder, tmp_path):
     assert (lens < plain).mean() > 0.5  # with it, most positions lose their own document
     s, e = index.doc_ranges()[_doc_key(folder, 20)]  # doc 20 is a copy of doc 7, which still counts
     np.testing.assert_array_equal(lens[s:e - 1], plain[s:e - 1])
+
+
+@needs_kernels
+def test_parallel_build_writes_the_same_shards(token_folder, tmp_path):
+    one = build_index(token_folder, tmp_path / "one", shard_tokens=100, quiet=True, workers=1)
+    two = build_index(token_folder, tmp_path / "two", shard_tokens=100, quiet=True, workers=3)
+    assert two["build"]["workers"] == 3 and one["shards"] == two["shards"]
+    for f in sorted((tmp_path / "one").glob("shard-*")):
+        assert f.read_bytes() == (tmp_path / "two" / f.name).read_bytes()
+    assert build_index(token_folder, tmp_path / "small", max_memory_gb=1e-6, quiet=True, workers=2)["shards"]
 
 
 def _doc_key(folder, flat_doc):
@@ -257,3 +325,56 @@ def test_index_refuses_tokens_of_another_tokenizer(token_folder, tmp_path):
     (tmp_path / "index" / "shard-00000.sa").unlink()
     with pytest.raises(UserError, match="shard-00000.sa"):
         Index(tmp_path / "index")
+
+
+def _mix_case(seed=6, b=2, t=5, v=11, d=8, k=3):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(b, t, d, generator=g)
+    logits = torch.randn(b, t, v, generator=g)
+    match_len = torch.randint(0, 40, (b, t), generator=g)
+    nxt = torch.randint(-1, v, (b, t, k), generator=g)
+    cnt = torch.randint(0, 9, (b, t, k), generator=g) * (nxt >= 0)
+    return hidden, logits, match_len, nxt, cnt
+
+
+def test_index_mixer_gate_zero_is_the_model_and_sums_to_one():
+    import torch
+    from tscale.index.mixing import IndexMixer, length_bucket
+
+    hidden, logits, match_len, nxt, cnt = _mix_case()
+    assert length_bucket(torch.tensor([0, 1, 3, 4, 7, 8, 15, 16, 31, 32, 99])).tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    mixer = IndexMixer(hidden.shape[-1], logits.shape[-1])
+    out = mixer(hidden, logits, match_len, nxt, cnt)
+    assert torch.allclose(out.exp().sum(-1), torch.ones(out.shape[:-1]), atol=1e-5)
+    model = torch.log_softmax(logits, -1)
+    zero = mixer(hidden, logits, torch.zeros_like(match_len), nxt, cnt)
+    assert torch.equal(zero, model)
+    with torch.no_grad():
+        mixer.bucket_bias.weight.fill_(float("-inf"))  # gate sigmoid(-inf) = 0 at every length
+    assert torch.equal(mixer(hidden, logits, match_len, nxt, cnt), model)
+
+
+def test_index_mixer_and_inputs_pass_gradients():
+    import torch
+    from tscale.index.mixing import IndexInputs, IndexMixer, index_log_probs
+
+    hidden, logits, match_len, nxt, cnt = _mix_case()
+    v = logits.shape[-1]
+    probs = index_log_probs(nxt, cnt, v, 0.5).exp()
+    assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[:-1]), atol=1e-5)
+    one = index_log_probs(torch.tensor([[[3, -1]]]), torch.tensor([[[4, 0]]]), v, 0.5)[0, 0].exp()
+    assert torch.isclose(one[3], torch.tensor(4.5 / (4 + 0.5 * v))) and torch.isclose(one[0], torch.tensor(0.5 / (4 + 0.5 * v)))
+    inputs = IndexInputs(v, hidden.shape[-1])
+    emb = inputs(torch.where(nxt[..., 0] >= 0, nxt[..., 0], torch.full_like(nxt[..., 0], v)), match_len)
+    assert emb.shape == hidden.shape
+    mixer = IndexMixer(hidden.shape[-1], v)
+    hidden = hidden.requires_grad_(True)
+    logits = logits.requires_grad_(True)
+    mixed = hidden + emb
+    targets = torch.randint(0, v, match_len.shape)
+    loss = -mixer(mixed, logits, match_len, nxt, cnt).gather(-1, targets.unsqueeze(-1)).mean()
+    loss.backward()
+    for p in (hidden, logits, mixer.proj.weight, mixer.bucket_bias.weight, inputs.next_token.weight, inputs.bucket.weight):
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0

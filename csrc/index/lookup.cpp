@@ -1,24 +1,25 @@
-// Streaming longest-match lookup in one index shard, and n-gram overlap for decontamination.
+// Streaming longest-match lookup in one index shard (op schema + CPU kernel).
 //
-// index_lookup(text, sa, first, query, excl, eos, max_len, topk, max_support)
+// index_lookup(text, sa, first, pair_off, pair_next, pair_start, query, excl, eos, max_len, topk, max_support)
 //   text  int16 (uint16 ids) or int32 (n,): the shard's tokens; sa int32 (n,): uint32 suffix array
 //   first int64 (V + 1,): suffixes starting with token a are sa[first[a] : first[a + 1]]
+//   pair_*: the token-pair table of index_pairs (csrc/index/pairs.cpp)
 //   query int64 (N,); excl int64 (N, 2) or (0, 2): per query position a shard range [s, e) of
 //         occurrence starts that do not count (leave-one-out); eos: context resets after it (-1: never)
 //   -> len int32 (N,): longest L <= max_len such that query[i-L+1 .. i] occurs at some start p with
 //         p + L < n and [p, p + L] disjoint from excl[i], the context never reaching back past an eos at < i;
 //      next int64 (N, topk), count int64 (N, topk): tokens text[p + L] over those occurrences,
-//         by count (ties: smaller id first); -1 / 0 where fewer. Ranges over max_support entries
-//         are sampled evenly and their counts scaled (the range is sorted by next token).
+//         by count (ties: smaller id first); -1 / 0 where fewer. Exact when the match's SA range has
+//         at most max_support entries; larger ranges are sampled evenly (max_support entries) and
+//         their counts scaled.
 //   Streaming: a match is extended by one token by narrowing its SA range; when that fails the
-//   context is shortened from the left and searched again. Independent chunks of the query run
-//   in parallel, each warmed up on the max_len positions before it, so results do not depend
-//   on the chunking.
-//
-// ngram_hashes(tokens, starts, n) -> int64 hashes of every n-gram inside a document (its final
-//   eos excluded); docs_with_ngrams(tokens, starts, n, sorted_hashes) -> bool (D,): the documents
-//   with at least one n-gram whose hash is in sorted_hashes.
-// Reference twins: tscale/index/reference.py.
+//   context is shortened from the left and searched again, starting from the pair table and
+//   binary-searching the whole remaining pattern. Next-token counts walk the blocks of equal next
+//   tokens of the range (it is sorted by next token) with galloping searches, stopping once the
+//   entries left cannot reach the top k; results for ranges of 16+ entries without an exclusion
+//   are kept in a small per-thread cache (they depend on the range only). Independent chunks of the query run in parallel, each
+//   warmed up on the max_len positions before it, so results do not depend on the chunking.
+// Reference twins: tscale/ops/index.py.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,17 +36,39 @@ namespace {
 constexpr int64_t kChunk = 16384;
 
 template <typename T>
+int64_t token_at(const T* p, int64_t i) {
+  return static_cast<int64_t>(static_cast<std::make_unsigned_t<T>>(p[i]));
+}
+
+template <typename T>
 struct Shard {
   const T* text;
   const uint32_t* sa;
   int64_t n;
   const int64_t* first;
   int64_t vocab;
+  const int64_t* pair_off;
+  const int32_t* pair_next;
+  const uint32_t* pair_start;
 
-  int64_t tok(int64_t p) const { return static_cast<int64_t>(static_cast<std::make_unsigned_t<T>>(text[p])); }
+  int64_t tok(int64_t p) const { return token_at(text, p); }
   int64_t key(int64_t j, int64_t k) const {
     const int64_t p = static_cast<int64_t>(sa[j]) + k;
     return p < n ? tok(p) : -1;
+  }
+  // first e in (j, hi] whose key at offset k differs from t = key(j, k) (the range is sorted there)
+  int64_t block_end(int64_t j, int64_t hi, int64_t k, int64_t t) const {
+    int64_t l = j + 1, h = j + 1, step = 1;
+    while (h < hi && key(h, k) == t) {  // gallop: blocks are usually short next to the range
+      l = h + 1;
+      step *= 2;
+      h = std::min(hi, j + step);
+    }
+    while (l < h) {
+      const int64_t m = l + (h - l) / 2;
+      if (key(m, k) == t) l = m + 1; else h = m;
+    }
+    return l;
   }
   // narrow [lo, hi), whose suffixes share their first k tokens, to those with token a at offset k
   void narrow(int64_t& lo, int64_t& hi, int64_t k, int64_t a) const {
@@ -54,20 +77,29 @@ struct Shard {
       const int64_t m = l + (h - l) / 2;
       if (key(m, k) < a) l = m + 1; else h = m;
     }
-    const int64_t start = l;
-    int64_t step = 1;  // gallop: the block of token a is usually short next to the range
-    h = l;
-    while (h < hi && key(h, k) <= a) {
-      l = h + 1;
-      h = std::min(hi, h + step);
-      step *= 2;
+    lo = l;
+    hi = l < hi && key(l, k) == a ? block_end(l, hi, k, a) : l;
+  }
+  // the suffixes starting with tokens a, b
+  bool pair(int64_t a, int64_t b, int64_t& lo, int64_t& hi) const {
+    const int32_t* x = pair_next + pair_off[a];
+    const int32_t* y = pair_next + pair_off[a + 1];
+    const int32_t* f = std::lower_bound(x, y, static_cast<int32_t>(b));
+    if (f == y || *f != b) return false;
+    const int64_t r = f - pair_next;
+    lo = pair_start[r];
+    hi = f + 1 < y ? static_cast<int64_t>(pair_start[r + 1]) : first[a + 1];
+    return true;
+  }
+  // compare the suffix at sa[j] with q[0..len) from offset k (the first k tokens are known equal);
+  // k ends at their common prefix; < 0, 0 (q is a prefix of the suffix), > 0
+  int compare(int64_t j, const int64_t* q, int64_t len, int64_t& k) const {
+    const int64_t p = sa[j];
+    for (; k < len; ++k) {
+      const int64_t t = p + k < n ? tok(p + k) : -1;
+      if (t != q[k]) return t < q[k] ? -1 : 1;
     }
-    while (l < h) {
-      const int64_t m = l + (h - l) / 2;
-      if (key(m, k) <= a) l = m + 1; else h = m;
-    }
-    lo = start;
-    hi = l;
+    return 0;
   }
   // an occurrence counts when it has a next token and its span [p, p + len] misses [es, ee)
   bool counts(int64_t p, int64_t len, int64_t es, int64_t ee) const { return p + len < n && !(p + len >= es && p < ee); }
@@ -79,18 +111,45 @@ struct Shard {
   // SA range of q[0..len) with at least one counting occurrence, or false
   bool find(const int64_t* q, int64_t len, int64_t es, int64_t ee, int64_t& lo, int64_t& hi) const {
     if (q[0] < 0 || q[0] >= vocab) return false;
-    lo = first[q[0]];
-    hi = first[q[0] + 1];
-    for (int64_t k = 1; k < len && lo < hi; ++k) {
-      if (hi - lo == 1) {  // one candidate left: compare the rest directly
-        const int64_t p = sa[lo];
-        for (int64_t r = k; r < len; ++r)
-          if (p + r >= n || tok(p + r) != q[r]) return false;
-        break;
-      }
-      narrow(lo, hi, k, q[k]);
+    if (len == 1) {
+      lo = first[q[0]];
+      hi = first[q[0] + 1];
+      return lo < hi && valid(lo, hi, len, es, ee);
     }
-    return lo < hi && valid(lo, hi, len, es, ee);
+    if (q[1] < 0 || q[1] >= vocab || !pair(q[0], q[1], lo, hi)) return false;
+    if (len > 2) {
+      // lower bound of q among the pair's suffixes, skipping the prefix shared with both ends
+      int64_t l = lo, h = hi, lk = 2, hk = 2;
+      while (l < h) {
+        const int64_t m = l + (h - l) / 2;
+        __builtin_prefetch(sa + l + (m - l) / 2);
+        __builtin_prefetch(sa + m + 1 + (h - m - 1) / 2);
+        int64_t k = std::min(lk, hk);
+        if (compare(m, q, len, k) < 0) {
+          l = m + 1;
+          lk = k;
+        } else {
+          h = m;
+          hk = k;
+        }
+      }
+      int64_t k = 2;
+      if (l == hi || compare(l, q, len, k) != 0) return false;
+      int64_t e = l + 1, g = l + 1, step = 1;  // upper bound: gallop, then bisect
+      for (k = 2; g < hi && compare(g, q, len, k) == 0; k = 2) {
+        e = g + 1;
+        step *= 2;
+        g = std::min(hi, l + step);
+      }
+      while (e < g) {
+        const int64_t m = e + (g - e) / 2;
+        k = 2;
+        if (compare(m, q, len, k) == 0) e = m + 1; else g = m;
+      }
+      lo = l;
+      hi = e;
+    }
+    return valid(lo, hi, len, es, ee);
   }
 };
 
@@ -123,43 +182,120 @@ struct Out {
   int64_t topk;
 };
 
-template <typename T>
-void top_next(const Shard<T>& s, int64_t lo, int64_t hi, int64_t len, int64_t es, int64_t ee, int64_t max_support,
-              std::vector<std::pair<int64_t, int64_t>>& runs, int64_t* next, int64_t* count, int64_t topk) {
-  std::fill(next, next + topk, -1);
-  std::fill(count, count + topk, 0);
-  if (len == 0) return;
-  const int64_t size = hi - lo;
-  const bool sampled = size > max_support;
-  const int64_t m = sampled ? max_support : size;
-  runs.clear();
-  int64_t cur = -1, c = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t j = sampled ? lo + (i * size) / m : lo + i;
-    const int64_t p = s.sa[j];
-    if (!s.counts(p, len, es, ee)) continue;
-    const int64_t t = s.tok(p + len);
-    if (t == cur) {
-      ++c;
-    } else {
-      if (c) runs.emplace_back(-c, cur);
-      cur = t;
-      c = 1;
-    }
-  }
-  if (c) runs.emplace_back(-c, cur);
-  const int64_t k = std::min<int64_t>(topk, runs.size());
-  std::partial_sort(runs.begin(), runs.begin() + k, runs.end());
-  for (int64_t r = 0; r < k; ++r) {
-    next[r] = runs[r].second;
-    count[r] = sampled ? (-runs[r].first * size + m / 2) / m : -runs[r].first;
-  }
+// best: (count, token) by count descending, ties by smaller token; tokens arrive in increasing order
+void keep_top(std::vector<std::pair<int64_t, int64_t>>& best, int64_t topk, int64_t c, int64_t t) {
+  if (static_cast<int64_t>(best.size()) == topk && c <= best.back().first) return;
+  auto at = std::upper_bound(best.begin(), best.end(), c, [](int64_t v, const auto& e) { return v > e.first; });
+  best.insert(at, {c, t});
+  if (static_cast<int64_t>(best.size()) > topk) best.pop_back();
 }
 
+// Next-token counts of SA ranges, for one thread. Without an exclusion the result depends only on
+// (lo, hi, len), so those of larger ranges are kept in a small direct-mapped cache.
 template <typename T>
-void lookup_chunk(const Shard<T>& s, const int64_t* q, const int64_t* excl, int64_t eos, int64_t max_len,
-                  int64_t max_support, int64_t c0, int64_t c1, const Out& out) {
-  std::vector<std::pair<int64_t, int64_t>> runs;
+struct Counter {
+  static constexpr int64_t kSlots = 4096;  // 2^12: the hash below keeps 12 bits
+  static constexpr int64_t kCacheFrom = 16;  // smaller ranges are counted again (cheaper than a cache miss)
+  const Shard<T>& s;
+  int64_t topk, max_support;
+  std::vector<std::pair<int64_t, int64_t>> best;
+  std::vector<int64_t> pos, tok;
+  std::vector<int64_t> keys, vals;  // per slot: lo, hi, len; topk (next, count)
+
+  Counter(const Shard<T>& shard, int64_t k, int64_t support)
+      : s(shard), topk(k), max_support(support) {
+    best.reserve(k + 1);
+  }
+
+  void run(int64_t lo, int64_t hi, int64_t len, int64_t es, int64_t ee, int64_t* next, int64_t* count) {
+    std::fill(next, next + topk, -1);
+    std::fill(count, count + topk, 0);
+    if (len == 0) return;
+    const int64_t size = hi - lo;
+    const bool excluding = ee > 0;  // counts() can reject an occurrence only then
+    const bool cacheable = !excluding && size >= kCacheFrom;
+    if (cacheable && keys.empty()) {  // allocated on first use: short queries never pay for it
+      keys.assign(3 * kSlots, -1);
+      vals.assign(2 * topk * kSlots, 0);
+    }
+    const uint64_t h = (static_cast<uint64_t>(lo) * 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(hi) * 0xc2b2ae3d27d4eb4fULL ^
+                        static_cast<uint64_t>(len)) >> 52;
+    int64_t* key = cacheable ? keys.data() + 3 * h : nullptr;
+    int64_t* val = cacheable ? vals.data() + 2 * topk * h : nullptr;
+    if (cacheable && key[0] == lo && key[1] == hi && key[2] == len) {
+      std::copy(val, val + topk, next);
+      std::copy(val + topk, val + 2 * topk, count);
+      return;
+    }
+    if (size <= max_support) {
+      exact(lo, hi, len, es, ee, excluding);
+      emit(next, count, 0, 0);
+    } else {
+      sampled(lo, size, len, es, ee);
+      emit(next, count, size, max_support);
+    }
+    if (cacheable) {
+      key[0] = lo;
+      key[1] = hi;
+      key[2] = len;
+      std::copy(next, next + topk, val);
+      std::copy(count, count + topk, val + topk);
+    }
+  }
+
+  // every entry: walk the blocks of equal next tokens, stopping once the rest cannot enter the top k
+  void exact(int64_t lo, int64_t hi, int64_t len, int64_t es, int64_t ee, bool excluding) {
+    best.clear();
+    for (int64_t j = lo; j < hi;) {
+      if (static_cast<int64_t>(best.size()) == topk && hi - j <= best.back().first) break;
+      const int64_t t = s.key(j, len);
+      const int64_t e = s.block_end(j, hi, len, t);
+      if (t >= 0) {
+        int64_t c = e - j;
+        if (excluding) {
+          c = 0;
+          for (int64_t r = j; r < e; ++r) c += s.counts(s.sa[r], len, es, ee);
+        }
+        if (c) keep_top(best, topk, c, t);
+      }
+      j = e;
+    }
+  }
+
+  // runs of equal next tokens among max_support evenly spaced entries (gathered first: independent loads)
+  void sampled(int64_t lo, int64_t size, int64_t len, int64_t es, int64_t ee) {
+    const int64_t m = max_support;
+    pos.resize(m);
+    tok.resize(m);
+    for (int64_t i = 0; i < m; ++i) pos[i] = s.sa[lo + (i * size) / m];
+    for (int64_t i = 0; i < m; ++i) tok[i] = s.counts(pos[i], len, es, ee) ? s.tok(pos[i] + len) : -1;
+    best.clear();
+    int64_t cur = -1, c = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (tok[i] < 0) continue;
+      if (tok[i] == cur) {
+        ++c;
+        continue;
+      }
+      if (c) keep_top(best, topk, c, cur);
+      cur = tok[i];
+      c = 1;
+    }
+    if (c) keep_top(best, topk, c, cur);
+  }
+
+  // counts scaled by size / m (rounded) when sampled; m == 0: exact
+  void emit(int64_t* next, int64_t* count, int64_t size, int64_t m) const {
+    for (size_t r = 0; r < best.size(); ++r) {
+      next[r] = best[r].second;
+      count[r] = m == 0 ? best[r].first : (best[r].first * size + m / 2) / m;
+    }
+  }
+};
+
+template <typename T>
+void lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q, const int64_t* excl, int64_t eos,
+                  int64_t max_len, int64_t c0, int64_t c1, const Out& out) {
   const int64_t w = std::max<int64_t>(0, c0 - max_len);
   int64_t len = 0, lo = 0, hi = 0, ctx = w;
   int64_t pes = -1, pee = -1;
@@ -195,135 +331,80 @@ void lookup_chunk(const Shard<T>& s, const int64_t* q, const int64_t* excl, int6
     if (!done) len = longest(s, q + i + 1, std::min(start, cap), es, ee, lo, hi);
     if (i >= c0) {
       out.len[i] = static_cast<int32_t>(len);
-      top_next(s, lo, hi, len, es, ee, max_support, runs, out.next + i * out.topk, out.count + i * out.topk, out.topk);
+      counter.run(lo, hi, len, es, ee, out.next + i * out.topk, out.count + i * out.topk);
     }
   }
 }
 
 template <typename T>
-void lookup_all(const at::Tensor& text, const at::Tensor& sa, const at::Tensor& first, const at::Tensor& query,
-                const at::Tensor& excl, int64_t eos, int64_t max_len, int64_t max_support, const Out& out) {
-  const Shard<T> s{text.data_ptr<T>(), reinterpret_cast<const uint32_t*>(sa.data_ptr<int32_t>()), text.numel(),
-                   first.data_ptr<int64_t>(), first.numel() - 1};
+Shard<T> make_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tensor& first, const at::Tensor& off,
+                    const at::Tensor& next, const at::Tensor& start) {
+  return {text.data_ptr<T>(), reinterpret_cast<const uint32_t*>(sa.data_ptr<int32_t>()), text.numel(),
+          first.data_ptr<int64_t>(), first.numel() - 1, off.data_ptr<int64_t>(), next.data_ptr<int32_t>(),
+          reinterpret_cast<const uint32_t*>(start.data_ptr<int32_t>())};
+}
+
+template <typename T>
+void lookup_all(const Shard<T>& s, const at::Tensor& query, const at::Tensor& excl, int64_t eos, int64_t max_len,
+                int64_t max_support, const Out& out) {
   const int64_t* q = query.data_ptr<int64_t>();
   const int64_t* ex = excl.numel() ? excl.data_ptr<int64_t>() : nullptr;
   const int64_t n = query.numel();
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t a, int64_t b) {
+    Counter<T> counter(s, out.topk, max_support);
     for (int64_t c = a; c < b; ++c)
-      lookup_chunk(s, q, ex, eos, max_len, max_support, c * kChunk, std::min(n, (c + 1) * kChunk), out);
+      lookup_chunk(s, counter, q, ex, eos, max_len, c * kChunk, std::min(n, (c + 1) * kChunk), out);
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(const at::Tensor& text_in, const at::Tensor& sa_in,
-                                                                 const at::Tensor& first_in, const at::Tensor& query_in,
-                                                                 const at::Tensor& excl_in, int64_t eos, int64_t max_len,
-                                                                 int64_t topk, int64_t max_support) {
-  const auto st = text_in.scalar_type();
-  TORCH_CHECK(st == at::kShort || st == at::kInt, "index_lookup: text must be int16 (uint16 ids) or int32");
-  TORCH_CHECK(sa_in.scalar_type() == at::kInt && sa_in.numel() == text_in.numel(), "index_lookup: sa must be int32 like text");
-  TORCH_CHECK(first_in.scalar_type() == at::kLong && first_in.dim() == 1 && first_in.numel() >= 2, "index_lookup: bad first");
+void check_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tensor& first) {
+  const auto st = text.scalar_type();
+  TORCH_CHECK(st == at::kShort || st == at::kInt, "index: text must be int16 (uint16 ids) or int32");
+  TORCH_CHECK(text.dim() == 1 && text.is_contiguous(), "index: text must be contiguous 1-D");
+  TORCH_CHECK(sa.scalar_type() == at::kInt && sa.numel() == text.numel() && sa.is_contiguous(), "index: sa must be int32 like text");
+  TORCH_CHECK(first.scalar_type() == at::kLong && first.dim() == 1 && first.numel() >= 2 && first.is_contiguous(),
+              "index: bad first");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(
+    const at::Tensor& text_in, const at::Tensor& sa_in, const at::Tensor& first_in, const at::Tensor& off_in,
+    const at::Tensor& pnext_in, const at::Tensor& pstart_in, const at::Tensor& query_in, const at::Tensor& excl_in,
+    int64_t eos, int64_t max_len, int64_t topk, int64_t max_support) {
+  const at::Tensor text = text_in.contiguous(), sa = sa_in.contiguous(), first = first_in.contiguous();
+  check_shard(text, sa, first);
+  const at::Tensor off = off_in.contiguous(), pnext = pnext_in.contiguous(), pstart = pstart_in.contiguous();
+  TORCH_CHECK(off.scalar_type() == at::kLong && off.numel() == first.numel(), "index_lookup: pair_off must be int64 like first");
+  TORCH_CHECK(pnext.scalar_type() == at::kInt && pstart.scalar_type() == at::kInt && pnext.numel() == pstart.numel(),
+              "index_lookup: pair_next and pair_start must be int32 of one length");
   TORCH_CHECK(query_in.scalar_type() == at::kLong && query_in.dim() == 1, "index_lookup: query must be 1-D int64");
   const int64_t n = query_in.numel();
   TORCH_CHECK(excl_in.scalar_type() == at::kLong && excl_in.dim() == 2 && excl_in.size(1) == 2 &&
                   (excl_in.size(0) == 0 || excl_in.size(0) == n),
               "index_lookup: excl must be int64 (N, 2) or (0, 2)");
   TORCH_CHECK(max_len >= 1 && topk >= 1 && max_support >= 1, "index_lookup: max_len, topk, max_support must be >= 1");
-  const at::Tensor text = text_in.contiguous(), sa = sa_in.contiguous(), first = first_in.contiguous();
   const at::Tensor query = query_in.contiguous(), excl = excl_in.contiguous();
   at::Tensor len = at::zeros({n}, query.options().dtype(at::kInt));
   at::Tensor next = at::empty({n, topk}, query.options());
   at::Tensor count = at::empty({n, topk}, query.options());
   const Out out{len.data_ptr<int32_t>(), next.data_ptr<int64_t>(), count.data_ptr<int64_t>(), topk};
-  if (st == at::kShort) {
-    lookup_all<int16_t>(text, sa, first, query, excl, eos, max_len, max_support, out);
+  if (text.scalar_type() == at::kShort) {
+    lookup_all(make_shard<int16_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_len, max_support, out);
   } else {
-    lookup_all<int32_t>(text, sa, first, query, excl, eos, max_len, max_support, out);
+    lookup_all(make_shard<int32_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_len, max_support, out);
   }
   return {len, next, count};
-}
-
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Calls f(doc, hash) for every n-gram inside each document (documents end at the next start).
-template <typename F>
-void for_ngrams(const at::Tensor& tokens, const at::Tensor& starts, int64_t n, F&& f) {
-  const int64_t* t = tokens.data_ptr<int64_t>();
-  const int64_t* st = starts.data_ptr<int64_t>();
-  const int64_t docs = starts.numel(), total = tokens.numel();
-  at::parallel_for(0, docs, 16, [&](int64_t a, int64_t b) {
-    for (int64_t d = a; d < b; ++d) {
-      const int64_t s = st[d], e = (d + 1 < docs ? st[d + 1] : total) - 1;  // final eos excluded
-      for (int64_t i = s; i + n <= e; ++i) {
-        uint64_t h = 0x9e3779b97f4a7c15ULL;
-        for (int64_t k = 0; k < n; ++k) h = mix64(h ^ static_cast<uint64_t>(t[i + k] + 1));
-        if (!f(d, static_cast<int64_t>(h))) break;
-      }
-    }
-  });
-}
-
-void check_docs(const at::Tensor& tokens, const at::Tensor& starts, int64_t n) {
-  TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.dim() == 1 && tokens.is_contiguous(), "tokens must be int64 1-D");
-  TORCH_CHECK(starts.scalar_type() == at::kLong && starts.dim() == 1 && starts.is_contiguous(), "starts must be int64 1-D");
-  TORCH_CHECK(n >= 1, "n must be >= 1");
-}
-
-at::Tensor ngram_hashes_cpu(const at::Tensor& tokens, const at::Tensor& starts, int64_t n) {
-  check_docs(tokens, starts, n);
-  const int64_t docs = starts.numel(), total = tokens.numel();
-  const int64_t* st = starts.data_ptr<int64_t>();
-  std::vector<int64_t> offset(docs + 1, 0);
-  for (int64_t d = 0; d < docs; ++d) {
-    const int64_t e = (d + 1 < docs ? st[d + 1] : total) - 1;
-    offset[d + 1] = offset[d] + std::max<int64_t>(0, e - st[d] - n + 1);
-  }
-  at::Tensor out = at::empty({offset[docs]}, tokens.options());
-  int64_t* op = out.data_ptr<int64_t>();
-  std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
-  for_ngrams(tokens, starts, n, [&](int64_t d, int64_t h) {
-    op[fill[d]++] = h;
-    return true;
-  });
-  return out;
-}
-
-at::Tensor docs_with_ngrams_cpu(const at::Tensor& tokens, const at::Tensor& starts, int64_t n, const at::Tensor& hashes) {
-  check_docs(tokens, starts, n);
-  TORCH_CHECK(hashes.scalar_type() == at::kLong && hashes.dim() == 1 && hashes.is_contiguous(), "hashes must be int64 1-D");
-  at::Tensor hit = at::zeros({starts.numel()}, tokens.options().dtype(at::kBool));
-  bool* hp = hit.data_ptr<bool>();
-  const int64_t* hs = hashes.data_ptr<int64_t>();
-  const int64_t nh = hashes.numel();
-  for_ngrams(tokens, starts, n, [&](int64_t d, int64_t h) {
-    if (std::binary_search(hs, hs + nh, h)) {
-      hp[d] = true;
-      return false;
-    }
-    return true;
-  });
-  return hit;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
-  m.def("index_lookup(Tensor text, Tensor sa, Tensor first, Tensor query, Tensor excl, int eos, int max_len, "
-        "int topk, int max_support) -> (Tensor, Tensor, Tensor)");
-  m.def("ngram_hashes(Tensor tokens, Tensor starts, int n) -> Tensor");
-  m.def("docs_with_ngrams(Tensor tokens, Tensor starts, int n, Tensor hashes) -> Tensor");
+  m.def("index_lookup(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, Tensor pair_start, "
+        "Tensor query, Tensor excl, int eos, int max_len, int topk, int max_support) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {
   m.impl("index_lookup", &index_lookup_cpu);
-  m.impl("ngram_hashes", &ngram_hashes_cpu);
-  m.impl("docs_with_ngrams", &docs_with_ngrams_cpu);
 }
 
 }  // namespace tscale

@@ -2,14 +2,16 @@
 
 Only training documents enter the index (optionally minus those sharing an n-gram with
 validation, see decontaminate.py). Documents are appended whole, in token-folder order, to
-shards of at most `shard_tokens` tokens, chosen so that building one shard's suffix array stays
-within the memory setting; each shard's suffix array is built by the SA-IS kernel. Everything
-is written into a temporary folder renamed into place when complete, manifest last.
+shards of at most `shard_tokens` tokens. The memory setting bounds the whole build: a corpus
+that fits one shard is sorted by one SA-IS call (single-threaded); a larger one is cut into
+shards small enough that `workers` of them sort at once (one thread each) within the setting.
+Everything is written into a temporary folder renamed into place when complete, manifest last.
 """
 
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,9 +44,13 @@ def shard_tokens_for(max_memory_gb: float) -> int:
     return max((1 << 31) - 2, min(MAX_SHARD_TOKENS, budget // BUILD_BYTES_64))
 
 
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb: float = DEFAULT_MAX_MEMORY_GB,
                 decontaminate: int | None = None, features: bool = False, shard_tokens: int | None = None,
-                quiet: bool = False) -> dict:
+                quiet: bool = False, workers: int | None = None) -> dict:
     """Build the index folder `out` from the token folder `tokens`; return its manifest."""
     out = Path(out)
     if out.exists():
@@ -53,8 +59,13 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         raise UserError(f"--max-memory-gb {max_memory_gb}: must be positive")
     if decontaminate is not None and decontaminate < 1:
         raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
-    limit = min(shard_tokens or MAX_SHARD_TOKENS, shard_tokens_for(max_memory_gb))
+    workers = workers or default_workers()
+    if workers < 1:
+        raise UserError(f"--workers {workers}: must be at least 1")
     folder = TokenFolder(tokens)
+    limit = min(shard_tokens or MAX_SHARD_TOKENS, shard_tokens_for(max_memory_gb))
+    if folder.num_tokens("train") > limit:  # several shards anyway: size them so `workers` sort at once
+        limit = min(limit, shard_tokens_for(max_memory_gb / workers))
     for split in ("train", "val"):
         folder.shards(split)  # open (and check) every shard before starting
     t0 = time.perf_counter()
@@ -65,18 +76,20 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
                         TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
     with progress, atomic_dir(out) as tmp:
         task = progress.add_task("building suffix arrays", total=folder.num_tokens("train"))
-        shards, files, sort_s = [], [], 0.0
-        for n, (toks, docs) in enumerate(_assemble(folder, dropped, limit)):
-            name = f"shard-{n:05d}"
-            t1 = time.perf_counter()
-            sa = ops.suffix_array(toks)
-            sort_s += time.perf_counter() - t1
-            toks.tofile(tmp / f"{name}.tok")
-            sa.astype("<u4", copy=False).tofile(tmp / f"{name}.sa")
-            docs.astype("<u8").tofile(tmp / f"{name}.docs")
-            shards.append({"name": name, "tokens": len(toks), "docs": len(docs)})
-            files += [f"{name}.{ext}" for ext in ("tok", "sa", "docs")]
-            progress.advance(task, len(toks))
+        shards, files = [], []
+        t1 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            pending = []
+            for n, (toks, docs) in enumerate(_assemble(folder, dropped, limit)):
+                pending.append((n, toks, docs, pool.submit(ops.suffix_array, toks)))
+                while len(pending) >= workers or (pending and pending[0][3].done()):
+                    shards.append(_write_shard(tmp, *pending.pop(0)))
+                    progress.advance(task, shards[-1]["tokens"])
+            while pending:
+                shards.append(_write_shard(tmp, *pending.pop(0)))
+                progress.advance(task, shards[-1]["tokens"])
+        sort_s = time.perf_counter() - t1
+        files = [f"{s['name']}.{ext}" for s in shards for ext in ("tok", "sa", "docs")]
         progress.update(task, completed=folder.num_tokens("train"))
         total = sum(s["tokens"] for s in shards)
         disk = sum((tmp / f).stat().st_size for f in files)
@@ -86,7 +99,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
             bytes_per_token=round(disk / total, 4) if total else None,
             decontamination=_decontamination_record(folder, dropped, decontaminate),
             build={"max_memory_gb": max_memory_gb, "shard_tokens_limit": limit, "seconds": round(time.perf_counter() - t0, 3),
-                   "suffix_array_seconds": round(sort_s, 3)},
+                   "suffix_array_seconds": round(sort_s, 3), "workers": min(workers, len(shards)) if shards else 1},
             features=None,
         )
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
@@ -95,6 +108,14 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
             fields["features"] = written["record"]
             manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files + written["files"], **fields)
     return manifest
+
+
+def _write_shard(tmp: Path, n: int, toks: np.ndarray, docs: np.ndarray, sa_future) -> dict:
+    name = f"shard-{n:05d}"
+    toks.tofile(tmp / f"{name}.tok")
+    sa_future.result().astype("<u4", copy=False).tofile(tmp / f"{name}.sa")
+    docs.astype("<u8").tofile(tmp / f"{name}.docs")
+    return {"name": name, "tokens": len(toks), "docs": len(docs)}
 
 
 def _assemble(folder: TokenFolder, dropped: list[np.ndarray], limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

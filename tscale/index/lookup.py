@@ -46,12 +46,13 @@ class IndexShard:
     tokens: np.ndarray
     sa: np.ndarray
     docs: np.ndarray
-    _first: np.ndarray | None = None
+    _tables: ops.LookupTables | None = None
 
-    def first(self, vocab_size: int) -> np.ndarray:
-        if self._first is None:
-            self._first = ops.first_table(self.tokens, vocab_size)
-        return self._first
+    def tables(self, vocab_size: int) -> ops.LookupTables:
+        """First-token and token-pair block starts, computed on first use (one pass over the suffix array)."""
+        if self._tables is None:
+            self._tables = ops.lookup_tables(self.tokens, self.sa, vocab_size)
+        return self._tables
 
 
 def tokens_identity(folder: TokenFolder) -> dict:
@@ -126,7 +127,7 @@ class Index:
         results = []
         for shard in live:
             excl = None if exclude_ranges is None else _local_ranges(exclude_ranges, shard.offset, len(shard.tokens))
-            results.append(ops.index_lookup(shard.tokens, shard.sa, shard.first(self.vocab_size), query, excl,
+            results.append(ops.index_lookup(shard.tokens, shard.sa, shard.tables(self.vocab_size), query, excl,
                                             eos, max_len, per_topk, max_support))
         if not results:
             n = len(query)

@@ -1,7 +1,8 @@
 """Token-index ops (suffix array, streaming longest-match lookup, n-gram overlap): numpy references and the dispatch to tscale._C.
 
 suffix_array(tokens (n,) uint16|uint32) -> (n,) uint32: suffix starts in lexicographic order
-index_lookup(text, sa, first, query, excl, eos, max_len, topk, max_support)
+lookup_tables(text, sa, vocab_size) -> LookupTables: first-token and token-pair ranges of the suffix array
+index_lookup(text, sa, tables, query, excl, eos, max_len, topk, max_support)
     -> len (N,) int32, next (N, topk) int64, count (N, topk) int64; see csrc/index/lookup.cpp
 ngram_hashes(tokens, starts, n) -> int64 hashes of the n-grams inside each document
 docs_with_ngrams(tokens, starts, n, sorted_hashes) -> bool (D,)
@@ -9,6 +10,8 @@ docs_with_ngrams(tokens, starts, n, sorted_hashes) -> bool (D,)
 The references are brute force (quadratic or worse): they define the results and are what the
 tests compare the kernels against, on small inputs. Arrays are numpy on both sides.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -49,6 +52,45 @@ def first_table(text: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
+class LookupTables(NamedTuple):
+    """Where the suffix array's blocks start: by first token, and by first two tokens (see index_pairs)."""
+
+    first: np.ndarray  # (V + 1,) int64
+    pair_off: np.ndarray  # (V + 1,) int64: pairs (a, *) are rows pair_off[a] : pair_off[a + 1]
+    pair_next: np.ndarray  # (B,) int32: their second tokens, ascending within a
+    pair_start: np.ndarray  # (B,) uint32: where each pair's block starts in the suffix array
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self)
+
+
+def pair_table_reference(text: np.ndarray, sa: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pair_off, pair_next, pair_start) by reading every suffix's first two tokens in suffix-array order."""
+    text = np.asarray(text, dtype=np.int64)
+    sa = np.asarray(sa, dtype=np.int64)
+    rows = np.flatnonzero(sa + 1 < len(text))  # the last suffix has no second token
+    a, b = text[sa[rows]], text[sa[rows] + 1]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    off = np.concatenate([[0], np.cumsum(np.bincount(a[new], minlength=vocab_size)[:vocab_size])]).astype(np.int64)
+    return off, b[new].astype(np.int32), rows[new].astype(np.uint32)
+
+
+def lookup_tables(text: np.ndarray, sa: np.ndarray, vocab_size: int) -> LookupTables:
+    first = first_table(text, vocab_size)
+    if not kernels_available():
+        return LookupTables(first, *pair_table_reference(text, sa, vocab_size))
+    if len(text) == 0:
+        return LookupTables(first, np.zeros(vocab_size + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint32))
+    off, nxt, start = torch.ops.tscale.index_pairs(_signed_view(text), _sa_view(sa), torch.from_numpy(first))
+    return LookupTables(first, off.numpy(), nxt.numpy(), start.numpy().view(np.uint32))
+
+
+def _sa_view(sa: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(sa).view(np.int32))
+
+
 def _context_starts(query: np.ndarray, eos: int) -> np.ndarray:
     """Per position, the first position its context may reach back to (just after the last eos before it)."""
     n = len(query)
@@ -69,8 +111,8 @@ def _top(tokens: np.ndarray, topk: int) -> tuple[list[int], list[int]]:
     return nxt, cnt
 
 
-def index_lookup_reference(text, sa, first, query, excl, eos, max_len, topk, max_support):
-    """Brute force by scanning every start position; `sa`, `first` and `max_support` are unused (exact counts)."""
+def index_lookup_reference(text, sa, tables, query, excl, eos, max_len, topk, max_support):
+    """Brute force by scanning every start position; `sa`, `tables` and `max_support` are unused (exact counts)."""
     text = np.asarray(text, dtype=np.int64)
     query = np.asarray(query, dtype=np.int64)
     n, big = len(text), len(query)
@@ -94,13 +136,14 @@ def index_lookup_reference(text, sa, first, query, excl, eos, max_len, topk, max
     return lens, nexts, counts
 
 
-def index_lookup(text, sa, first, query, excl, eos: int, max_len: int, topk: int, max_support: int):
+def index_lookup(text, sa, tables: LookupTables, query, excl, eos: int, max_len: int, topk: int, max_support: int):
     query = np.ascontiguousarray(query, dtype=np.int64)
     excl = np.zeros((0, 2), dtype=np.int64) if excl is None else np.ascontiguousarray(excl, dtype=np.int64)
     if not kernels_available():
-        return index_lookup_reference(text, sa, first, query, excl, eos, max_len, topk, max_support)
+        return index_lookup_reference(text, sa, tables, query, excl, eos, max_len, topk, max_support)
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (tables.first, tables.pair_off, tables.pair_next)]
     out = torch.ops.tscale.index_lookup(
-        _signed_view(text), torch.from_numpy(np.ascontiguousarray(sa).view(np.int32)), torch.from_numpy(first),
+        _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start),
         torch.from_numpy(query), torch.from_numpy(excl), eos, max_len, topk, max_support)
     return tuple(t.numpy() for t in out)
 
