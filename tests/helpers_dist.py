@@ -105,12 +105,22 @@ def train_worker(rank: int, world: int, plan: list[dict]) -> None:
     from tscale.config import load_config
     from tscale.train.loop import train_run
 
+    from tscale.optim.schedule import lr_at
+
     for run in plan:
         _join(rank, world, run["port"])
         sums: list[float] = []
+        updates: list[float] = []  # steps 2, 3, ...: max |change of a weight| / lr (run["updates"])
+        before: list[torch.Tensor] = []
 
         def on_step(step: int, model: torch.nn.Module, run=run, sums=sums) -> None:
             sums.append(sum(p.detach().double().sum().item() for p in model.parameters()))
+            if run.get("updates"):
+                now = [p.detach().clone() for p in model.parameters()]
+                if before:
+                    lr = lr_at(step - 1, cfg.train.steps, cfg.optim)
+                    updates.append(max((a - b).abs().max().item() for a, b in zip(now, before)) / lr)
+                before[:] = now
             if rank == 0 and step == run.get("stop_at"):
                 os.kill(os.getpid(), signal.SIGTERM)  # only rank 0 is told: the ranks must agree to stop
 
@@ -118,3 +128,5 @@ def train_worker(rank: int, world: int, plan: list[dict]) -> None:
         cfg = load_config(source, run["overrides"])
         train_run(cfg, run["out"], resume=run.get("resume", False), quiet=True, on_step=on_step)
         Path(f"{run['out']}.sums{rank}.json").write_text(json.dumps(sums))
+        if run.get("updates"):
+            Path(f"{run['out']}.updates{rank}.json").write_text(json.dumps(updates))

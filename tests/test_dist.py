@@ -1,6 +1,7 @@
 """Data parallel over Gloo on 127.0.0.1: the 1-bit hook, identical replicas, bytes, exact resume, torchrun."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -128,3 +129,47 @@ def test_torchrun_launch_rank0_reports_once(tokens, tmp_path):
     assert proc.stdout.count("done: step 3") == 1, proc.stdout
     assert sorted(losses(tmp_path / "run")) == [1, 2, 3]
     assert records(tmp_path / "run")[-1]["comm_bytes"] < records(tmp_path / "run")[-1]["comm_bytes_fp32"] / 25
+
+
+# ---- 1-bit Adam with a GPT-2-size vocabulary (the divergence seen on two H200s) -----------
+
+BIG_VOCAB = ['model.arch="gpt2"', "model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=32",
+             "train.batch_size=4", "train.eval_every=0", "train.ckpt_every=0", "train.log_every=1",
+             "optim.warmup_steps=5", "optim.lr=1e-3"]
+BV_STEPS, BV_WARMUP = 36, 20
+
+
+@pytest.fixture(scope="module")
+def gpt2_vocab_runs(tmp_path_factory, shakespeare_jsonl, gpt2_bpe) -> dict[str, Path]:
+    """fp32 allreduce, 1-bit Adam, and 1-bit Adam under bf16 autocast, 2 processes, vocabulary 50257."""
+    root = tmp_path_factory.mktemp("bigvocab")
+    tokens = root / "tokens"
+    tokenize_corpus([shakespeare_jsonl], tokens, tokenizer=gpt2_bpe, quiet=True)
+    base = [*BIG_VOCAB, f'data.tokens="{tokens}"', f"train.steps={BV_STEPS}"]
+    onebit = ['dist.compression="onebit"', f"dist.onebit_warmup_steps={BV_WARMUP}", "dist.chunk=2048"]
+    plan = {"fp32": base, "onebit": [*base, *onebit], "onebit_bf16": [*base, *onebit, 'train.dtype="bfloat16"']}
+    runs = [{"out": str(root / name), "overrides": o, "updates": True, "port": free_port()} for name, o in plan.items()]
+    spawn(train_worker, 2, runs)
+    return {name: root / name for name in plan}
+
+
+def test_onebit_adam_steps_stay_bounded_with_a_gpt2_vocabulary(gpt2_vocab_runs):
+    """Before the fix the first compressed step moved the key bias by ~5000 lr (1 bit gave its ~0
+    momentum its chunk's mean |m|, divided by its tiny frozen sqrt(v)) and the loss was NaN 20 steps later."""
+    for name in ("onebit", "onebit_bf16"):
+        updates = json.loads(Path(f"{gpt2_vocab_runs[name]}.updates0.json").read_text())  # steps 2..BV_STEPS
+        after = updates[BV_WARMUP - 1:]
+        assert len(after) == BV_STEPS - BV_WARMUP and max(after) < 10, (name, max(after))
+
+
+def test_onebit_adam_tracks_fp32_with_a_gpt2_vocabulary(gpt2_vocab_runs):
+    fp32 = losses(gpt2_vocab_runs["fp32"])
+    tail = range(BV_STEPS - 5, BV_STEPS + 1)
+    a = sum(fp32[s] for s in tail) / len(tail)
+    for name in ("onebit", "onebit_bf16"):
+        curve = losses(gpt2_vocab_runs[name])
+        assert sorted(curve) == list(range(1, BV_STEPS + 1)) and all(map(math.isfinite, curve.values()))
+        b = sum(curve[s] for s in tail) / len(tail)
+        assert abs(b - a) / a < 0.03, (name, a, b)
+        ratio = [r["comm_bytes"] / r["comm_bytes_fp32"] for r in records(gpt2_vocab_runs[name]) if r["step"] > BV_WARMUP]
+        assert max(ratio) < 1 / 25

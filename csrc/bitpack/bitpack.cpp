@@ -50,6 +50,31 @@ std::tuple<at::Tensor, at::Tensor> pack_signs_cpu(const at::Tensor& x_in, int64_
   return {bits, scales};
 }
 
+// kSigns[b][j] = +1 if bit j of byte b is set, else -1: a byte decodes to eight floats with one
+// row read and a multiply, which the compiler vectorises (a per-bit shift-and-branch did not).
+struct SignTable {
+  float v[256][8];
+  SignTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int j = 0; j < 8; ++j) v[b][j] = ((b >> j) & 1) ? 1.f : -1.f;
+  }
+};
+const SignTable kSigns;
+
+template <bool Accumulate>
+void unpack_chunk(const uint8_t* bp, float s, float* op, int64_t lo, int64_t hi) {
+  int64_t i = lo;  // lo is a multiple of chunk, so of 8: whole bytes
+  for (; i + 8 <= hi; i += 8) {
+    const float* t = kSigns.v[bp[i >> 3]];
+    float* o = op + i;
+    for (int j = 0; j < 8; ++j) o[j] = Accumulate ? o[j] + s * t[j] : s * t[j];
+  }
+  for (; i < hi; ++i) {
+    const float v = ((bp[i >> 3] >> (i & 7)) & 1) ? s : -s;
+    op[i] = Accumulate ? op[i] + v : v;
+  }
+}
+
 void unpack_into(const at::Tensor& bits_in, const at::Tensor& scales_in, at::Tensor& out, int64_t chunk, bool accumulate) {
   const at::Tensor bits = bits_in.contiguous();
   const at::Tensor scales = scales_in.contiguous();
@@ -60,12 +85,11 @@ void unpack_into(const at::Tensor& bits_in, const at::Tensor& scales_in, at::Ten
   const int64_t n_chunks = scales.numel();
   at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const float s = sp[c];
       const int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
-      for (int64_t i = lo; i < hi; ++i) {
-        const float v = ((bp[i >> 3] >> (i & 7)) & 1) ? s : -s;
-        op[i] = accumulate ? op[i] + v : v;
-      }
+      if (accumulate)
+        unpack_chunk<true>(bp, sp[c], op, lo, hi);
+      else
+        unpack_chunk<false>(bp, sp[c], op, lo, hi);
     }
   });
 }

@@ -5,7 +5,8 @@
 compression "none") a bucket is averaged with a plain fp32 allreduce. After it, one bucket
 of n gradients goes through two phases, each rank sending about n/8 bytes:
 
-  (1-bit Adam: g := beta1 * m + (1 - beta1) * g first, m the optimizer's synchronised momentum)
+  (1-bit Adam: g := beta1 * u + (1 - beta1) * clamp(g / d) first, u = m / d the optimizer's
+   synchronised momentum over its frozen denominator d = sqrt(v_hat) + eps: AdamW.fold_gradient)
   pad the bucket to n_pad = a multiple of W * chunk; rank r is the "server" of slice r (S = n_pad / W)
   worker:  x = g + e_worker;  (bits, scales) = pack_signs(x, chunk);  e_worker = x - unpack(...)
   phase 1: all_to_all: slice r of every rank's packed x goes to rank r
@@ -118,7 +119,7 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
     x = worker  # (n_pad,) the residual becomes the input, in place
     x[:n] += buffer.float()
     bits, scales = pack_signs(x, chunk)  # (n_pad/8,), (n_pad/chunk,)
-    worker.sub_(unpack_signs(bits, scales, x.numel(), chunk))  # what the signs failed to carry
+    unpack_signs_accumulate_(worker, bits, -scales, chunk)  # what the signs failed to carry
     worker[n:].zero_()  # padding carries nothing over
     state.worker[index] = worker
     send = _packed_bytes(bits, scales, W).reshape(-1)  # (W * part,), part = S/8 + 4 S/chunk
@@ -133,12 +134,20 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
         unpack_signs_accumulate_(mine, *_split_packed(row, S), chunk)
     y = mine.div_(W).add_(server)
     y_bits, y_scales = pack_signs(y, chunk)  # (S/8,), (S/chunk,)
-    state.server[index] = y.sub_(unpack_signs(y_bits, y_scales, S, chunk))
+    unpack_signs_accumulate_(y, y_bits, -y_scales, chunk)
+    state.server[index] = y
 
     gathered = torch.empty(W * part, dtype=torch.uint8, device=buffer.device)  # (W * part,)
     _all_gather_flat(gathered, _packed_bytes(y_bits, y_scales, 1).reshape(-1), group=state.group)
-    out = torch.cat([unpack_signs(*_split_packed(row, S), S, chunk) for row in gathered.view(W, part)])  # (n_pad,)
-    buffer.copy_(out[:n])
+    for r, row in enumerate(gathered.view(W, part)):  # slice r of the average, straight into the bucket
+        lo, hi = r * S, min((r + 1) * S, n)
+        if hi <= lo:
+            break
+        bits_r, scales_r = _split_packed(row, S)
+        if hi - lo == S and buffer.dtype == torch.float32:
+            unpack_signs_accumulate_(buffer[lo:hi].zero_(), bits_r, scales_r, chunk)
+        else:
+            buffer[lo:hi] = unpack_signs(bits_r, scales_r, S, chunk)[: hi - lo]
     return _done(buffer)
 
 
@@ -149,13 +158,15 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
 
 
 def _fold_into_momentum(optimizer: torch.optim.Optimizer, bucket: dist.GradBucket) -> None:
-    """In place in the bucket: g <- beta1 * exp_avg + (1 - beta1) * g, this rank's next momentum."""
-    beta1 = optimizer.param_groups[0]["betas"][0]
+    """In place in the bucket: each gradient becomes this rank's next preconditioned momentum m / d.
+
+    Not m itself: a chunk's one scale (mean |x|) is given to every value in it, and the
+    frozen denominators d of one chunk can differ by orders of magnitude (the key bias, whose
+    gradient is ~0; rows of rare tokens), so m's scale divided by a tiny d made steps of
+    thousands of lr. m / d is Adam's step direction, O(1) in every coordinate.
+    """
     for p, g in zip(bucket.parameters(), bucket.gradients()):  # g: a view into bucket.buffer()
-        g.mul_(1 - beta1)
-        m = optimizer.state[p].get("exp_avg")
-        if m is not None:
-            g.add_(m.view_as(g), alpha=beta1)
+        optimizer.fold_gradient(p, g)
 
 
 def exchange_hook(state: GradExchange, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

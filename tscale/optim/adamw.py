@@ -1,8 +1,13 @@
 """AdamW with decoupled weight decay on matrices only (not on biases, norms or embeddings' positions).
 
 With `freeze_variance_at` set (1-bit Adam, tscale/dist/onebit.py), steps from that count on
-keep the second moment frozen and take p.grad as the new first moment: the gradient exchange
-has already folded the gradient into the momentum and averaged it across ranks.
+keep the second moment v frozen. The gradient exchange then works on the preconditioned
+momentum u = m / d, d = sqrt(v_hat) + eps the frozen denominator: `fold_gradient` turns this
+rank's gradient into its u (in the bucket, before compression), the exchange averages u
+across ranks, and `step` takes the average from p.grad, moves p by -lr u / (1 - beta1^t) and
+keeps m = u d. With v frozen, d is the same on every rank and every step, so averaging u is
+averaging m; but u has Adam's O(1) magnitude in every coordinate, which is what a 1-bit code
+with one scale per chunk can carry (docs/distributed.md, "Large vocabularies").
 """
 
 import torch
@@ -17,6 +22,40 @@ class AdamW(torch.optim.AdamW):
     def __init__(self, params, freeze_variance_at: int | None = None, **kwargs):
         super().__init__(params, **kwargs)
         self.freeze_variance_at = freeze_variance_at
+        self._group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+        self._frozen: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # id(p) -> (d, v == 0 or None)
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        self._frozen.clear()
+
+    def _frozen_denom(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(d, mask): d = sqrt(v / (1 - beta2^T)) + eps of the variance frozen at step T, kept
+        once computed (v no longer changes), and where v == 0 (None if nowhere)."""
+        cached = self._frozen.get(id(p))
+        if cached is None:
+            group = self._group_of[id(p)]
+            v = self.state[p]["exp_avg_sq"]
+            d = (v / (1 - group["betas"][1] ** self.freeze_variance_at)).sqrt_().add_(group["eps"])
+            zero = v == 0
+            cached = self._frozen[id(p)] = (d, zero if zero.any() else None)
+        return cached
+
+    @torch.no_grad()
+    def fold_gradient(self, p: torch.Tensor, g: torch.Tensor) -> None:
+        """In place: g <- beta1 m / d + (1 - beta1) clamp(g / d, +-1/sqrt(1 - beta2)), this rank's next u.
+
+        The clamp is the largest |g| / sqrt(v) plain Adam can ever see (its v would take in
+        (1 - beta2) g^2 first): a gradient far above the frozen variance, e.g. of a token first
+        seen after the warm-up, moves p by at most what Adam would have moved it.
+        """
+        beta1, beta2 = self._group_of[id(p)]["betas"]
+        d = self._frozen_denom(p)[0].view_as(g)
+        bound = (1 - beta2) ** -0.5
+        g.div_(d).clamp_(-bound, bound).mul_(1 - beta1)
+        m = self.state[p].get("exp_avg")
+        if m is not None:
+            g.addcdiv_(m.view_as(g), d, value=beta1)
 
     def steps_taken(self) -> int:
         for group in self.param_groups:
@@ -30,21 +69,22 @@ class AdamW(torch.optim.AdamW):
         if self.freeze_variance_at is None or self.steps_taken() < self.freeze_variance_at:
             return super().step(closure)
         for group in self.param_groups:
-            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-            beta1, beta2 = group["betas"]
-            v_correction = 1 - beta2 ** self.freeze_variance_at
+            lr, wd = group["lr"], group["weight_decay"]
+            beta1 = group["betas"][0]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
                 state["step"] += 1
                 m_correction = 1 - beta1 ** float(state["step"])
-                # the averaged momentum; coordinates that never had a gradient (v == 0, e.g. padded
-                # vocabulary rows) stay still, since 1 bit cannot say zero and v could not scale it
-                state["exp_avg"].copy_(p.grad).mul_(state["exp_avg_sq"] > 0)
-                denom = (state["exp_avg_sq"] / v_correction).sqrt_().add_(eps)
-                p.mul_(1 - lr * wd)
-                p.addcdiv_(state["exp_avg"], denom, value=-lr / m_correction)
+                # p.grad: the averaged u = m / d; coordinates that never had a gradient (v == 0,
+                # e.g. padded vocabulary rows) stay still, since 1 bit cannot say zero
+                d, zero = self._frozen_denom(p)
+                u = p.grad if zero is None else p.grad.masked_fill_(zero, 0.0)
+                torch.mul(u, d, out=state["exp_avg"])
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.add_(u, alpha=-lr / m_correction)
         return None
 
 
