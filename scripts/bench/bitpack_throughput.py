@@ -11,35 +11,15 @@ Writes docs/bench/bitpack_throughput.json (metrics {device}_{op}_gbps and _ref_g
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, write_record  # noqa: E402
+from common import REPO, time_per_call, write_record  # noqa: E402
 
 import tscale._C  # noqa: E402,F401  (registers torch.ops.tscale.*)
 from tscale.ops import bitpack  # noqa: E402
-
-
-def _time(fn, device: torch.device, repeats: int) -> float:
-    """Seconds per call, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1000 / repeats
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t0) / repeats
 
 
 def measure(device: torch.device, numel: int, chunk: int, repeats: int) -> dict[str, float]:
@@ -59,8 +39,8 @@ def measure(device: torch.device, numel: int, chunk: int, repeats: int) -> dict[
     }
     metrics = {}
     for op in kernels:
-        metrics[f"{device.type}_{op}_gbps"] = gb / _time(kernels[op], device, repeats)
-        metrics[f"{device.type}_{op}_ref_gbps"] = gb / _time(references[op], device, max(1, repeats // 4))
+        metrics[f"{device.type}_{op}_gbps"] = gb / time_per_call(kernels[op], device, repeats, warmup=2)
+        metrics[f"{device.type}_{op}_ref_gbps"] = gb / time_per_call(references[op], device, max(1, repeats // 4), warmup=2)
     return metrics
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -44,3 +45,22 @@ def write_record(name: str, metrics: dict, notes: str, out_dir: Path) -> Path:
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)
     return path
+
+
+def time_per_call(fn, device: torch.device, repeats: int, warmup: int = 3) -> float:
+    """Seconds per call of fn after `warmup` calls: CUDA events on a GPU, wall time on the CPU."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1000 / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) / repeats

@@ -22,14 +22,13 @@ raw-GEMM ratios, layer fwd+bwd ratios, and every per-shape TFLOP/s.
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, write_record  # noqa: E402
+from common import REPO, time_per_call, write_record  # noqa: E402
 
 from tscale.ops import backend  # noqa: E402
 from tscale.ops.lowprec import fp8_mm, int8_mm, quantize  # noqa: E402
@@ -38,25 +37,6 @@ from tscale.precision import LowPrecLinear, get_recipe  # noqa: E402
 MODELS = {"124m": 768, "1p5b": 1600}
 LAYERS = {"qkv": (1, 3), "attn_out": (1, 1), "mlp_up": (1, 4), "mlp_down": (4, 1)}  # (K, N) in units of d
 TRAIN_RECIPES = ("fp8_tensorwise", "fp8_rowwise", "int8_rowwise")
-
-
-def _time(fn, device: torch.device, repeats: int) -> float:
-    """Seconds per call, after three warm-up calls."""
-    for _ in range(3):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1000 / repeats
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t0) / repeats
 
 
 def product_fns(M: int, K: int, N: int, device: torch.device) -> dict:
@@ -113,7 +93,7 @@ def measure(tokens: int, repeats: int, device: torch.device) -> tuple[dict, list
             f = 2.0 * tokens * N * K
             flops += f
             for kind, fn in {**product_fns(tokens, K, N, device), **layer_fns(tokens, K, N, device)}.items():
-                t = _time(fn, device, repeats)
+                t = time_per_call(fn, device, repeats)
                 work = 3 * f if kind.startswith("layer_") else f
                 metrics[f"{model}_{layer}_{kind}_tflops"] = work / t / 1e12
                 totals[kind] = totals.get(kind, 0.0) + t

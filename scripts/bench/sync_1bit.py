@@ -55,7 +55,7 @@ def launch(world: int, tokens: Path, out: Path, overrides: list[str], netns: boo
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errors = [p.communicate()[1] for p in procs]
     if any(p.returncode for p in procs):
-        raise SystemExit(f"a rank failed:\n" + "\n".join(e[-2000:] for e in errors if e))
+        raise SystemExit("a rank failed:\n" + "\n".join(e[-2000:] for e in errors if e))
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

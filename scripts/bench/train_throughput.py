@@ -12,10 +12,8 @@ Writes docs/bench/train_throughput.json (metrics tokens_per_s, baseline_tokens_p
 
 import argparse
 import json
-import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -96,8 +94,6 @@ def baseline_tokens_per_s(batch: int, seq_len: int, steps: int, warmup: int) -> 
     end.record()
     torch.cuda.synchronize()
     seconds = start.elapsed_time(end) / 1e3
-    del model, opt, fwd
-    torch.cuda.empty_cache()
     return batch * seq_len * steps / seconds
 
 
