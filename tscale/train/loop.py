@@ -170,7 +170,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
-        mine = state["ranks"][env.rank] if "ranks" in state else {"rng": state["rng"]}
+        mine = state["ranks"][env.rank]
         _restore_rng(mine["rng"], device)
         replicas.load_local_state(mine)
         step = state["step"]
@@ -202,8 +202,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     progress.note(f"training {cfg.model.arch}: {sum(p.numel() for p in model.parameters()):,} parameters "
                   f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
                   f"steps {step}..{cfg.train.steps}{replicas.describe()}")
-    zeros = torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
-    replicas.prime(lambda: step_loss(zeros, zeros).backward())
+    def zeros() -> torch.Tensor:
+        return torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
+
+    replicas.prime(lambda: step_loss(zeros(), zeros()).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
         t_log, step_at_log = time.time(), step
