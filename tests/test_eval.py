@@ -3,11 +3,13 @@
 import json
 import math
 import shutil
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers_cli import assert_one_line_error
 from helpers_ckpt import make_checkpoint, make_token_folder, make_tokenizer, random_docs
 
 from tscale.cli.main import main
@@ -15,6 +17,8 @@ from tscale.data.shards import TokenFolder
 from tscale.eval import evaluate, plot_curves, unigram_log_probs, windows
 from tscale.model.loss import token_losses
 from tscale.train.checkpoint import load_model
+
+one_line_error = partial(assert_one_line_error, command="eval")
 
 SEQ_LEN = 16
 SOURCES = ["news", "code", "empty-source"]
@@ -141,14 +145,6 @@ def test_plot_tolerates_torn_last_line(tmp_path):
     m.write_text('{"step": 1, "loss": 3.0}\n{"step": 2, "loss": 2.5, "val_loss": 2.7}\n{"step": 3, "lo')
     png = plot_curves(m, tmp_path / "p.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
-
-
-def one_line_error(r, *words):
-    assert r.exit_code == 2, r.output
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tscale eval: error: "), r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 def test_cli_eval_errors(setup, tmp_path):

@@ -1,17 +1,21 @@
 """tscale.infer: sampling filters, KV-cache decoding, streaming, stop strings, and `tscale infer`."""
 
 import json
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn as nn
 from click.testing import CliRunner
+from helpers_cli import assert_one_line_error
 from helpers_ckpt import make_checkpoint, make_tokenizer
 
 from tscale.cli.main import main
 from tscale.data.tokenizer import train_tokenizer
 from tscale.infer import Engine, GenerationParams, SamplingParams, filter_top_k, filter_top_p, make_generator
+
+one_line_error = partial(assert_one_line_error, command="infer")
 
 SEQ_LEN = 32
 
@@ -223,14 +227,6 @@ def test_cli_batch_jsonl(ckpt, engine, tmp_path):
     r = invoke(*args)  # refuses to overwrite
     assert r.exit_code == 2 and "already exists" in r.stderr
     assert out.read_bytes() == before
-
-
-def one_line_error(r, *words):
-    assert r.exit_code == 2, r.output
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tscale infer: error: "), r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 def test_cli_errors(ckpt, tmp_path):
