@@ -29,6 +29,13 @@ def cuda_kernels_available() -> bool:
     return _load()[1]
 
 
+def kernels_usable_on(device_type: str) -> bool:
+    """Whether tscale._C kernels serve tensors of this device type ("cpu", "cuda", ...)."""
+    if device_type == "cpu":
+        return kernels_available()
+    return device_type == "cuda" and cuda_kernels_available()
+
+
 @functools.cache
 def backend() -> str:
     """A one-line description of the chosen implementation, logged the first time it is asked."""

@@ -11,7 +11,7 @@ mean |x| is the scale that minimises ||x - s * sign(x)||^2, so a chunk keeps its
 
 import torch
 
-from tscale.ops.backend import cuda_kernels_available, kernels_available
+from tscale.ops.backend import kernels_usable_on
 
 _BIT_WEIGHTS = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)
 
@@ -44,7 +44,7 @@ def unpack_signs_reference(bits: torch.Tensor, scales: torch.Tensor, numel: int,
 
 
 def _use_kernel(t: torch.Tensor) -> bool:
-    return kernels_available() if t.device.type == "cpu" else t.device.type == "cuda" and cuda_kernels_available()
+    return kernels_usable_on(t.device.type)
 
 
 def pack_signs(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from tscale.ops.backend import cuda_kernels_available, kernels_available
+from tscale.ops.backend import kernels_usable_on
 
 log = logging.getLogger("tscale.ops")
 
@@ -65,8 +65,7 @@ def quantize_reference(x: torch.Tensor, dtype: torch.dtype, axis: int | None = N
 @functools.cache
 def _quantize_kernel_on(device_type: str) -> bool:
     """Whether tscale._C has a quantize kernel for this device type (an older build may lack the op)."""
-    usable = kernels_available() if device_type == "cpu" else device_type == "cuda" and cuda_kernels_available()
-    if not usable:
+    if not kernels_usable_on(device_type):
         return False
     try:
         return torch._C._dispatch_has_kernel_for_dispatch_key("tscale::quantize", device_type.upper())
