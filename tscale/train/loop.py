@@ -29,6 +29,7 @@ from tscale.errors import UserError
 from tscale.fileio import write_text_atomic
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
+from tscale.ops import backend as ops_backend
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears
@@ -201,7 +202,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     progress = ProgressLine(cfg.train.steps, step, quiet=quiet)
     progress.note(f"training {cfg.model.arch}: {sum(p.numel() for p in model.parameters()):,} parameters "
                   f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
-                  f"steps {step}..{cfg.train.steps}{replicas.describe()}")
+                  f"steps {step}..{cfg.train.steps}{replicas.describe()}; ops: {ops_backend()}")
     def zeros() -> torch.Tensor:
         return torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
 
