@@ -30,6 +30,27 @@ def test_pack_matches_reference(device, n, chunk):
     torch.testing.assert_close(acc, expected)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,chunk", [(1, 8), (13, 8), (4096, 256), (100_003, 1024), (20_000, 2048)])
+def test_pack_feedback_matches_reference(device, n, chunk):
+    g = torch.Generator().manual_seed(n + 1)
+    x = (torch.randn(n, generator=g) * torch.rand(n, generator=g) * 3).to(device)
+    x[::7] = 0.0  # zero packs as +: its residual is -scale
+    original, ref_x = x.clone(), x.clone()
+    bits, scales = bitpack.pack_signs_feedback_(x, chunk)
+    ref_bits, ref_scales = bitpack.pack_signs_feedback_reference(ref_x, chunk)
+    assert torch.equal(bits, ref_bits)
+    torch.testing.assert_close(scales, ref_scales, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(x, ref_x, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x + bitpack.unpack_signs_reference(bits, scales, n, chunk), original)
+
+
+def test_pack_feedback_rejects_strided_input():
+    x = torch.randn(64)[::2]
+    with pytest.raises(RuntimeError, match="contiguous"):
+        torch.ops.tscale.pack_signs_feedback_(x, 8)
+
+
 def test_reference_roundtrip_semantics():
     x = torch.tensor([1.0, -2.0, 0.0, -0.5, 3.0, 4.0, -1.0, 2.0, -8.0])
     bits, scales = bitpack.pack_signs_reference(x, 8)

@@ -5,9 +5,13 @@
 //      scales float32 (ceil(N/chunk),)  mean |x| over each chunk
 // unpack_signs(bits, scales, N, chunk) -> float32 (N,) = scale[i/chunk] * (bit ? +1 : -1)
 // unpack_signs_accumulate_(out, bits, scales, chunk): out += unpack_signs(...)
+// pack_signs_feedback_(x, chunk) -> (bits, scales) of pack_signs, and in place
+//   x -= unpack_signs(bits, scales): what the signs failed to carry (error feedback). CPU only;
+//   on other devices tscale/ops/bitpack.py composes pack_signs and unpack_signs_accumulate_.
 //
 // Chunks are whole bytes, so every chunk is packed and unpacked independently (one OpenMP
-// task per chunk). The reference twin is tscale/ops/bitpack.py.
+// task per chunk), and a chunk is small enough to stay in L1 between packing it and subtracting
+// its decoded signs. The reference twin is tscale/ops/bitpack.py.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,39 +19,81 @@
 #include "bitpack_checks.h"
 
 #include <cmath>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstdint>
 
 namespace tscale {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> pack_signs_cpu(const at::Tensor& x_in, int64_t chunk) {
-  check_pack_args(x_in, chunk);
-  const at::Tensor x = x_in.contiguous();
-  const int64_t n = x.numel();
+// Packs x[lo, hi) (lo % 8 == 0) into the bytes bp[lo / 8 ...] and returns sum |x| (in double).
+// SSE2 (every x86-64): two 4-lane compares + movemask give a byte; |x| pairs are added in float,
+// then in double lanes.
+double pack_range(const float* xp, uint8_t* bp, int64_t lo, int64_t hi) {
+  int64_t i = lo;
+  double abs_sum = 0.0;
+#if defined(__SSE2__)
+  const __m128 zero = _mm_setzero_ps();
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  __m128d acc_lo = _mm_setzero_pd(), acc_hi = _mm_setzero_pd();
+  for (; i + 8 <= hi; i += 8) {
+    const __m128 a = _mm_loadu_ps(xp + i), b = _mm_loadu_ps(xp + i + 4);
+    const int bits_a = _mm_movemask_ps(_mm_cmpge_ps(a, zero)), bits_b = _mm_movemask_ps(_mm_cmpge_ps(b, zero));
+    bp[i >> 3] = static_cast<uint8_t>(bits_a | (bits_b << 4));
+    const __m128 pair = _mm_add_ps(_mm_and_ps(a, abs_mask), _mm_and_ps(b, abs_mask));
+    acc_lo = _mm_add_pd(acc_lo, _mm_cvtps_pd(pair));
+    acc_hi = _mm_add_pd(acc_hi, _mm_cvtps_pd(_mm_movehl_ps(pair, pair)));
+  }
+  double lanes[2];
+  _mm_storeu_pd(lanes, _mm_add_pd(acc_lo, acc_hi));
+  abs_sum = lanes[0] + lanes[1];
+#endif
+  for (; i < hi; i += 8) {
+    uint8_t byte = 0;
+    const int64_t end = std::min(hi, i + 8);
+    for (int64_t j = i; j < end; ++j) {
+      abs_sum += std::fabs(xp[j]);
+      byte |= static_cast<uint8_t>(xp[j] >= 0.f) << (j - i);
+    }
+    bp[i >> 3] = byte;
+  }
+  return abs_sum;
+}
+
+// x[lo, hi) -= (x >= 0 ? s : -s): the residual of x after its signs were sent with scale s.
+void subtract_signs(float* xp, float s, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) xp[i] -= xp[i] >= 0.f ? s : -s;
+}
+
+std::tuple<at::Tensor, at::Tensor> pack_into(float* xp, int64_t n, int64_t chunk, const at::TensorOptions& opts,
+                                             bool feedback) {
   const int64_t n_chunks = (n + chunk - 1) / chunk;
-  at::Tensor bits = at::empty({(n + 7) / 8}, x.options().dtype(at::kByte));
-  at::Tensor scales = at::empty({n_chunks}, x.options());
-  const float* xp = x.data_ptr<float>();
+  at::Tensor bits = at::empty({(n + 7) / 8}, opts.dtype(at::kByte));
+  at::Tensor scales = at::empty({n_chunks}, opts);
   uint8_t* bp = bits.data_ptr<uint8_t>();
   float* sp = scales.data_ptr<float>();
   at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
-      double abs_sum = 0.0;
-      for (int64_t i = lo; i < hi; i += 8) {
-        uint8_t byte = 0;
-        const int64_t end = std::min(hi, i + 8);
-        for (int64_t j = i; j < end; ++j) {
-          const float v = xp[j];
-          abs_sum += std::fabs(v);
-          byte |= static_cast<uint8_t>(v >= 0.f) << (j - i);
-        }
-        bp[i / 8] = byte;
-      }
-      sp[c] = static_cast<float>(abs_sum / static_cast<double>(hi - lo));
+      const float s = static_cast<float>(pack_range(xp, bp, lo, hi) / static_cast<double>(hi - lo));
+      sp[c] = s;
+      if (feedback) subtract_signs(xp, s, lo, hi);
     }
   });
   return {bits, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor> pack_signs_cpu(const at::Tensor& x_in, int64_t chunk) {
+  check_pack_args(x_in, chunk);
+  const at::Tensor x = x_in.contiguous();
+  return pack_into(const_cast<float*>(x.data_ptr<float>()), x.numel(), chunk, x.options(), false);
+}
+
+std::tuple<at::Tensor, at::Tensor> pack_signs_feedback_cpu(at::Tensor& x, int64_t chunk) {
+  check_pack_args(x, chunk);
+  TORCH_CHECK(x.is_contiguous(), "pack_signs_feedback_: x must be contiguous (it is updated in place)");
+  return pack_into(x.data_ptr<float>(), x.numel(), chunk, x.options(), true);
 }
 
 // kSigns[b][j] = +1 if bit j of byte b is set, else -1: a byte decodes to eight floats with one
@@ -113,12 +159,14 @@ TORCH_LIBRARY_FRAGMENT(tscale, m) {
   m.def("pack_signs(Tensor x, int chunk) -> (Tensor, Tensor)");
   m.def("unpack_signs(Tensor bits, Tensor scales, int numel, int chunk) -> Tensor");
   m.def("unpack_signs_accumulate_(Tensor(a!) out, Tensor bits, Tensor scales, int chunk) -> ()");
+  m.def("pack_signs_feedback_(Tensor(a!) x, int chunk) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {
   m.impl("pack_signs", &pack_signs_cpu);
   m.impl("unpack_signs", &unpack_signs_cpu);
   m.impl("unpack_signs_accumulate_", &unpack_signs_accumulate_cpu);
+  m.impl("pack_signs_feedback_", &pack_signs_feedback_cpu);
 }
 
 }  // namespace tscale

@@ -28,7 +28,9 @@ class Replicas:
         self.exchange: GradExchange | None = None
         if env.active:
             device_ids = [env.device.index] if env.device.type == "cuda" else None
-            self.module = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_cap_mb)
+            # gradients are views into DDP's buckets: no copy into the bucket and back each step
+            self.module = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_cap_mb,
+                                                  gradient_as_bucket_view=True)
             self.exchange = GradExchange(cfg.compression, cfg.chunk, cfg.onebit_warmup_steps)
             self.module.register_comm_hook(self.exchange, exchange_hook)
 

@@ -9,6 +9,7 @@ of n gradients goes through two phases, each rank sending about n/8 bytes:
    synchronised momentum over its frozen denominator d = sqrt(v_hat) + eps: AdamW.fold_gradient)
   pad the bucket to n_pad = a multiple of W * chunk; rank r is the "server" of slice r (S = n_pad / W)
   worker:  x = g + e_worker;  (bits, scales) = pack_signs(x, chunk);  e_worker = x - unpack(...)
+           (one pass: pack_signs_feedback_)
   phase 1: all_to_all: slice r of every rank's packed x goes to rank r
   server:  y = mean over ranks of unpack(slice r) + e_server;  pack y;  e_server = y - unpack(...)
   phase 2: all_gather of the packed y slices; every rank unpacks all W into the bucket
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from tscale.errors import UserError
-from tscale.ops import pack_signs, unpack_signs, unpack_signs_accumulate_
+from tscale.ops import pack_signs_feedback_, unpack_signs, unpack_signs_accumulate_
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -68,7 +69,9 @@ class GradExchange:
         elif self.sizes[index] != n:
             raise RuntimeError(f"1-bit exchange: bucket {index} has {n} gradients but its error-feedback state "
                                f"was made for {self.sizes[index]} (the DDP bucket layout changed)")
-        return self.worker[index].to(device), self.server[index].to(device)
+        self.worker[index] = self.worker[index].to(device)  # a checkpoint's residuals come on the CPU
+        self.server[index] = self.server[index].to(device)
+        return self.worker[index], self.server[index]
 
     def state_dict(self) -> dict:
         """This rank's residuals on the CPU (each rank's differ; the checkpoint keeps one per rank)."""
@@ -111,17 +114,15 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
     """The two-phase 1-bit average of one flat bucket (n,); the future holds the bucket, averaged.
 
     Both phases run before the hook returns, so every rank issues its collectives in the same
-    order (bucket after bucket) whatever order the backend completes them in.
+    order (bucket after bucket) whatever order the backend completes them in. The residuals are
+    updated in place: a step allocates nothing of the bucket's size.
     """
     W, chunk, n = state.world, state.chunk, buffer.numel()
     worker, server = state.residuals(index, n, buffer.device)
     S = worker.numel() // W  # slice length, a multiple of chunk
-    x = worker  # (n_pad,) the residual becomes the input, in place
-    x[:n] += buffer.float()
-    bits, scales = pack_signs(x, chunk)  # (n_pad/8,), (n_pad/chunk,)
-    unpack_signs_accumulate_(worker, bits, -scales, chunk)  # what the signs failed to carry
+    worker[:n] += buffer  # (n_pad,) x = g + e_worker
+    bits, scales = pack_signs_feedback_(worker, chunk)  # (n_pad/8,), (n_pad/chunk,); worker = x - decoded
     worker[n:].zero_()  # padding carries nothing over
-    state.worker[index] = worker
     send = _packed_bytes(bits, scales, W).reshape(-1)  # (W * part,), part = S/8 + 4 S/chunk
     part = send.numel() // W
     state.bytes_sent += 2 * (W - 1) * part
@@ -129,13 +130,10 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
 
     recv = torch.empty_like(send)  # (W * part,) every rank's packed version of my slice
     dist.all_to_all_single(recv, send, group=state.group)
-    mine = torch.zeros(S, device=buffer.device)  # (S,)
-    for row in recv.view(W, part):
-        unpack_signs_accumulate_(mine, *_split_packed(row, S), chunk)
-    y = mine.div_(W).add_(server)
-    y_bits, y_scales = pack_signs(y, chunk)  # (S/8,), (S/chunk,)
-    unpack_signs_accumulate_(y, y_bits, -y_scales, chunk)
-    state.server[index] = y
+    for row in recv.view(W, part):  # y = e_server + mean over ranks, accumulated into the residual
+        row_bits, row_scales = _split_packed(row, S)
+        unpack_signs_accumulate_(server, row_bits, row_scales.div_(W), chunk)
+    y_bits, y_scales = pack_signs_feedback_(server, chunk)  # (S/8,), (S/chunk,); server = y - decoded
 
     gathered = torch.empty(W * part, dtype=torch.uint8, device=buffer.device)  # (W * part,)
     _all_gather_flat(gathered, _packed_bytes(y_bits, y_scales, 1).reshape(-1), group=state.group)

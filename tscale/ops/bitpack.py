@@ -4,6 +4,8 @@ pack_signs(x (N,) float32, chunk) -> bits (ceil(N/8),) uint8, scales (ceil(N/chu
     bit j of byte i is 1 iff x[8i + j] >= 0; scales[c] = mean |x| over chunk c
 unpack_signs(bits, scales, N, chunk) -> (N,) float32, scales[i // chunk] * (+1 or -1)
 unpack_signs_accumulate_(out, bits, scales, chunk): out += unpack_signs(bits, scales, N, chunk)
+pack_signs_feedback_(x, chunk) -> pack_signs(x, chunk), and x -= unpack_signs(bits, scales, N, chunk) in place
+    (error feedback: x keeps what the signs failed to carry; one pass on CPU, two kernels elsewhere)
 
 mean |x| is the scale that minimises ||x - s * sign(x)||^2, so a chunk keeps its L1 mass.
 `chunk` must be a multiple of 8 so that chunks start on byte boundaries.
@@ -64,3 +66,20 @@ def unpack_signs_accumulate_(out: torch.Tensor, bits: torch.Tensor, scales: torc
         torch.ops.tscale.unpack_signs_accumulate_(out, bits, scales, chunk)
     else:
         out += unpack_signs_reference(bits, scales, out.numel(), chunk)
+
+
+def pack_signs_feedback_reference(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    bits, scales = pack_signs_reference(x, chunk)
+    x -= unpack_signs_reference(bits, scales, x.numel(), chunk)
+    return bits, scales
+
+
+def pack_signs_feedback_(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (N,) float32 contiguous: its packed signs and scales; x becomes the residual x - unpack(...)."""
+    if x.device.type == "cpu" and _use_kernel(x):
+        return torch.ops.tscale.pack_signs_feedback_(x, chunk)
+    if _use_kernel(x):
+        bits, scales = torch.ops.tscale.pack_signs(x, chunk)
+        torch.ops.tscale.unpack_signs_accumulate_(x, bits, -scales, chunk)
+        return bits, scales
+    return pack_signs_feedback_reference(x, chunk)

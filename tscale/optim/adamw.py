@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from tscale.config import OptimConfig
+from tscale.ops.onebit_adam import onebit_adam_fold_, onebit_adam_step_
 
 
 class AdamW(torch.optim.AdamW):
@@ -52,10 +53,11 @@ class AdamW(torch.optim.AdamW):
         beta1, beta2 = self._group_of[id(p)]["betas"]
         d = self._frozen_denom(p)[0].view_as(g)
         bound = (1 - beta2) ** -0.5
-        g.div_(d).clamp_(-bound, bound).mul_(1 - beta1)
         m = self.state[p].get("exp_avg")
-        if m is not None:
-            g.addcdiv_(m.view_as(g), d, value=beta1)
+        if m is None:
+            g.div_(d).clamp_(-bound, bound).mul_(1 - beta1)
+        else:
+            onebit_adam_fold_(g, m.view_as(g), d, beta1, bound)
 
     def steps_taken(self) -> int:
         for group in self.param_groups:
@@ -81,10 +83,7 @@ class AdamW(torch.optim.AdamW):
                 # e.g. padded vocabulary rows) stay still, since 1 bit cannot say zero
                 d, zero = self._frozen_denom(p)
                 u = p.grad if zero is None else p.grad.masked_fill_(zero, 0.0)
-                torch.mul(u, d, out=state["exp_avg"])
-                if wd:
-                    p.mul_(1 - lr * wd)
-                p.add_(u, alpha=-lr / m_correction)
+                onebit_adam_step_(p, state["exp_avg"], u, d, 1 - lr * wd, lr / m_correction)
         return None
 
 
