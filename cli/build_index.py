@@ -4,6 +4,7 @@ import click
 from rich.console import Console
 
 from tscale.index.build import DEFAULT_MAX_MEMORY_GB, build_index as build
+from tscale.index.features import DEFAULT_TOPK
 
 
 @click.command("build-index")
@@ -15,13 +16,15 @@ from tscale.index.build import DEFAULT_MAX_MEMORY_GB, build_index as build
 @click.option("--decontaminate", type=int, metavar="N",
               help="Leave out training documents that share an N-token span with a validation document.")
 @click.option("--features", is_flag=True, help="Also write per-token lookups (features-{split}-NNNNN.bin) for the token folder.")
+@click.option("--features-topk", type=int, default=DEFAULT_TOPK, show_default=True,
+              help="Next tokens (with their counts) stored per position in the features.")
 @click.option("--workers", type=int, help="Shards sorted at once, one thread each, within --max-memory-gb together "
               "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
-def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, workers, quiet) -> None:
+def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, features_topk, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
-              shard_tokens=shard_tokens, quiet=quiet, workers=workers)
+              shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk)
     console = Console(highlight=False)
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "
@@ -30,4 +33,6 @@ def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, feature
         d = m["decontamination"]
         console.print(f"decontamination ({d['ngram']}-grams): dropped {d['dropped_docs']:,} documents, {d['dropped_tokens']:,} tokens")
     if m["features"]:
-        console.print(f"features written for train and val (max match length {m['features']['max_len']})")
+        f = m["features"]
+        console.print(f"features written for train and val: match length (max {f['max_len']}), top-{f['topk']} next "
+                      f"tokens and counts, {f['record_bytes']} bytes/token")

@@ -1,4 +1,4 @@
-"""`tscale eval`: checkpoint + token folder -> eval.json (val loss, perplexity, bits per byte) [+ loss-curve PNG]."""
+"""`tscale eval`: checkpoint + token folder [+ index folders] -> eval.json (val loss, perplexity, bits per byte) [+ loss-curve PNG]."""
 
 from pathlib import Path
 
@@ -21,10 +21,13 @@ from tscale.precision import INFER_MODES
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Windows of seq_len tokens per forward pass.")
 @click.option("--max-tokens", type=int, help="Score at most this many val tokens (a quick, partial evaluation).")
 @click.option("--plot", type=click.Path(), help="Also draw the run's train/val loss curves into this PNG.")
+@click.option("--index", "indexes", multiple=True, type=click.Path(),
+              help="Index folder to score against (repeatable: e.g. a raw and a decontaminated one); a model trained "
+              "with the index needs one. Adds the loss by match-length bucket.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
-def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, device, precision) -> None:
+def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, device, precision) -> None:
     """Score CKPT (a checkpoint folder, or a run folder for its newest checkpoint) on the val split of TOKENS."""
     if not Path(ckpt).exists():
         raise UserError(f"{ckpt}: no such checkpoint or run folder")
@@ -43,9 +46,11 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, device, precis
         task = progress.add_task("eval", total=None)
         result = evaluate_checkpoint(ckpt, tokens_dir, resolve_device(device, "--device"), batch_size, max_tokens,
                                      on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-                                     precision=precision)
+                                     precision=precision, indexes=indexes)
     write_json_atomic(out, result)
     _print_table(result)
+    for entry in result.get("indexes", []):
+        _print_buckets(entry, result["model_uses_index"])
     console = Console(highlight=False)
     console.print(f"-> {out}")
     if metrics is not None:
@@ -68,3 +73,20 @@ def _print_table(r: dict) -> None:
     table.add_row("unigram baseline", "", f"{r['unigram_loss']:.4f}", "", "", style="dim")
     Console(highlight=False).print(table)
 
+
+def _print_buckets(e: dict, fed: bool) -> None:
+    d = e["decontamination"]
+    what = f"decontaminated ({d['ngram']}-grams)" if d else "raw"
+    title = (f"against index {e['index']} ({what}, {e['lookups']}): loss {e['val_loss']:.4f}, perplexity "
+             f"{e['perplexity']:.2f}{'' if fed else ' (the model does not use the index)'}")
+    table = Table(title=title)
+    for col in ("match length", "tokens", "share", "loss", "perplexity"):
+        table.add_column(col, justify="left" if col == "match length" else "right")
+    rows = list(e["by_match_len"].items()) + [("below 16", e["below_16"])]
+    for i, (name, b) in enumerate(rows):
+        if i == len(rows) - 1:
+            table.add_section()
+        loss = "-" if b["loss"] is None else f"{b['loss']:.4f}"
+        ppl = "-" if b["perplexity"] is None else f"{b['perplexity']:.2f}"
+        table.add_row(name, f"{b['tokens']:,}", f"{b['share']:.1%}", loss, ppl)
+    Console(highlight=False).print(table)

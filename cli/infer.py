@@ -22,10 +22,12 @@ from tscale.precision import INFER_MODES
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Sample from the smallest set with this much probability; 1 = off.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed; the same seed gives the same output.")
 @click.option("--stop", multiple=True, help="Stop when the text contains this string (not included); repeatable.")
+@click.option("--index", "index_dir", type=click.Path(),
+              help="Index folder to look contexts up in; needed by (and only allowed for) a model trained with the token index.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
-def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, device,
+def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, index_dir, device,
           precision) -> None:
     """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
     if (prompt is None) == (prompts_file is None):
@@ -39,7 +41,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
     if prompts_file is not None:
         requests = read_requests(prompts_file, params)
         check_new_output(out)
-        engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision)
+        engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir)
 
         def report(i, c):
             err.print(f"[{i + 1}/{len(requests)}] {c.tokens} tokens, {c.finish_reason}")
@@ -47,7 +49,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
         write_completions(engine, requests, out, on_done=report)
         err.print(f"{len(requests)} completion(s) -> {out}")
         return
-    engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision)
+    engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir)
     stream = engine.stream(prompt, params)
     for piece in stream:
         sys.stdout.write(piece)

@@ -9,7 +9,7 @@ import pytest
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.index import Index, build_index
-from tscale.index.features import read_features
+from tscale.index.features import StoredFeatures, unpack
 from tscale.index.lookup import MERGE_TOPK, merge_shards
 from tscale.ops import index as ops
 from tscale.ops.backend import kernels_available
@@ -275,18 +275,27 @@ def test_decontamination_drops_exactly_the_overlapping_docs(token_folder, tmp_pa
 
 @needs_kernels
 def test_features_match_lookups(token_folder, tmp_path):
-    build_index(token_folder, tmp_path / "index", features=True, quiet=True)
+    build_index(token_folder, tmp_path / "index", features=True, quiet=True, features_topk=3)
     index = Index(tmp_path / "index", verify=True)
     folder = TokenFolder(token_folder)
-    assert index.manifest["features"]["max_len"] == 64
+    rec = index.manifest["features"]
+    assert (rec["version"], rec["max_len"], rec["topk"], rec["record_bytes"]) == (2, 64, 3, 1 + 3 * 2 + 3 * 4)
+    stored = StoredFeatures(index.path, folder, topk=3)
     query, excl = _train_query(index, folder)
-    lens, nxt, _ = index.lookup(query, excl, max_len=64, topk=1)
-    train = np.concatenate([read_features(index.path, n, folder.dtype) for n in folder.manifest["splits"]["train"]["shards"]])
+    lens, nxt, cnt = index.lookup(query, excl, max_len=64, topk=3)
+    train = np.concatenate(stored.shards("train"))
     np.testing.assert_array_equal(train["len"], lens)
-    np.testing.assert_array_equal(train["next"], np.where(nxt[:, 0] >= 0, nxt[:, 0], index.vocab_size))
-    val_name = folder.manifest["splits"]["val"]["shards"][0]
-    val = read_features(index.path, val_name, folder.dtype)
-    assert np.array_equal(val["len"], index.lookup(folder.shards("val")[0].tokens, max_len=64, topk=1)[0])
+    np.testing.assert_array_equal(train["next"], np.where(nxt >= 0, nxt, index.vocab_size))
+    np.testing.assert_array_equal(train["count"], cnt)
+    assert (cnt[:, 0] > 0).any() and (cnt[lens == 0] == 0).all()
+    got = unpack(train, 2, index.vocab_size)
+    np.testing.assert_array_equal(got[1], nxt[:, :2])
+    np.testing.assert_array_equal(got[2], cnt[:, :2])
+    val = stored.shards("val")[0]
+    want = index.lookup(folder.shards("val")[0].tokens, max_len=64, topk=3)
+    assert np.array_equal(val["len"], want[0]) and np.array_equal(val["count"], want[2])
+    with pytest.raises(UserError, match="--features-topk 4"):
+        StoredFeatures(index.path, folder, topk=4)
 
 
 @needs_kernels
@@ -352,7 +361,7 @@ def test_index_mixer_gate_zero_is_the_model_and_sums_to_one():
     zero = mixer(hidden, logits, torch.zeros_like(match_len), nxt, cnt)
     assert torch.equal(zero, model)
     with torch.no_grad():
-        mixer.bucket_bias.weight.fill_(float("-inf"))  # gate sigmoid(-inf) = 0 at every length
+        mixer.length_bias.weight.fill_(float("-inf"))  # gate sigmoid(-inf) = 0 at every length
     assert torch.equal(mixer(hidden, logits, match_len, nxt, cnt), model)
 
 
@@ -370,11 +379,13 @@ def test_index_mixer_and_inputs_pass_gradients():
     emb = inputs(torch.where(nxt[..., 0] >= 0, nxt[..., 0], torch.full_like(nxt[..., 0], v)), match_len)
     assert emb.shape == hidden.shape
     mixer = IndexMixer(hidden.shape[-1], v)
+    torch.nn.init.normal_(mixer.gate_weight)  # it starts at zero, which would leave the hidden state no gradient
     hidden = hidden.requires_grad_(True)
     logits = logits.requires_grad_(True)
     mixed = hidden + emb
     targets = torch.randint(0, v, match_len.shape)
     loss = -mixer(mixed, logits, match_len, nxt, cnt).gather(-1, targets.unsqueeze(-1)).mean()
     loss.backward()
-    for p in (hidden, logits, mixer.proj.weight, mixer.bucket_bias.weight, inputs.next_token.weight, inputs.bucket.weight):
+    for p in (hidden, logits, mixer.gate_weight, mixer.length_bias.weight, mixer.count_bias.weight,
+              inputs.next_token.weight, inputs.bucket.weight):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0

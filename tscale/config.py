@@ -170,6 +170,36 @@ class PrecisionConfig(_Section):
         return self
 
 
+class IndexConfig(_Section):
+    """The token index consulted at every token (docs/index.md); each switch works alone.
+
+    `path` is an index folder built from data.tokens with `tscale build-index --features` ("" =
+    no index). `inputs` adds embeddings of the index's most frequent next token and of the
+    match-length bucket to the token embedding. `mixer` mixes the index's next-token
+    distribution (its top `topk` next tokens and counts, add-`delta` smoothed) into the model's
+    with a learned gate; the loss is then the negative log-likelihood of the mixture.
+    """
+
+    path: str = ""
+    inputs: bool = False
+    mixer: bool = False
+    topk: int = Field(4, ge=1, le=64)
+    delta: float = Field(1e-5, gt=0, le=1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.inputs or self.mixer
+
+    @model_validator(mode="after")
+    def _check_path(self) -> "IndexConfig":
+        if self.enabled and not self.path:
+            raise ValueError("index.inputs and index.mixer need index.path (an index folder built with --features)")
+        if self.path and not self.enabled:
+            raise ValueError(f"index.path is {self.path!r} but neither index.inputs nor index.mixer is true; "
+                             f"turn one on or remove index.path")
+        return self
+
+
 class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
@@ -177,6 +207,7 @@ class RunConfig(_Section):
     data: DataConfig = DataConfig()
     dist: DistConfig = DistConfig()
     precision: PrecisionConfig = PrecisionConfig()
+    index: IndexConfig = IndexConfig()
 
 
 def _parse_value(text: str) -> Any:

@@ -7,6 +7,11 @@ document it belongs to (its eos included). Bits per byte = nats / ln 2 / UTF-8 b
 documents' text; with --max-tokens, a document scored in part counts that part of its bytes.
 For comparison, a unigram model (add-one smoothed token frequencies of the TRAIN split) is
 scored on the same targets: a trained model must beat `unigram_loss`.
+
+With the token index (`--index DIR`, repeatable; tscale/eval/index_eval.py), the split is
+scored once per index: a model trained with the index is fed that index's lookups, and every
+model's loss is also broken down by match-length bucket. The record's top-level numbers are
+then those of the first index; "indexes" holds one full record per index.
 """
 
 import contextlib
@@ -20,8 +25,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from tscale.data.loader import WindowFeatures
 from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
+from tscale.eval.index_eval import bucket_of, bucket_summary, check_index_use, val_features
+from tscale.index.mixing import NUM_BUCKETS
 from tscale.model.loss import token_losses
 
 COUNT_CHUNK = 1 << 24  # tokens per bincount pass over the train shards
@@ -66,12 +74,19 @@ class _Tally:
         self.nats = np.zeros(n_src, dtype=np.float64)
         self.tokens = np.zeros(n_src, dtype=np.int64)
         self.unigram_nats = 0.0
+        self.bucket_nats = np.zeros(NUM_BUCKETS, dtype=np.float64)
+        self.bucket_tokens = np.zeros(NUM_BUCKETS, dtype=np.int64)
         self.logp = logp_unigram
         self.scored = {}  # shard index -> (D,) int64 scored targets per document
         self.starts = {}  # shard index -> (D,) int64 document starts
 
-    def add(self, k: int, shard: Shard, start: int, targets: np.ndarray, nats: np.ndarray) -> None:
-        """Targets (n,) at positions start+1.. of shard k, with their losses nats (n,)."""
+    def add(self, k: int, shard: Shard, start: int, targets: np.ndarray, nats: np.ndarray,
+            match_len: np.ndarray | None = None) -> None:
+        """Targets (n,) at positions start+1.. of shard k, with their losses nats (n,) [and contexts' match lengths (n,)]."""
+        if match_len is not None:
+            b = bucket_of(match_len)
+            self.bucket_nats += np.bincount(b, weights=nats, minlength=NUM_BUCKETS)
+            self.bucket_tokens += np.bincount(b, minlength=NUM_BUCKETS)
         pos = np.arange(start + 1, start + 1 + len(targets), dtype=np.int64)
         if k not in self.starts:
             self.starts[k] = shard.docs[:, 0].astype(np.int64)
@@ -97,8 +112,13 @@ class _Tally:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str = "cpu", batch_size: int = 8,
-             max_tokens: int | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict:
-    """Score the val split; the dict has val_tokens, val_loss, perplexity, bits_per_byte, unigram_loss, by_source."""
+             max_tokens: int | None = None, on_progress: Callable[[int, int], None] | None = None,
+             features: WindowFeatures | None = None) -> dict:
+    """Score the val split; the dict has val_tokens, val_loss, perplexity, bits_per_byte, unigram_loss, by_source.
+
+    features: the val split's index lookups; fed to a model built with the index, and used by
+    any model for the by_match_len / below_16 breakdown added to the dict.
+    """
     device = torch.device(device)
     seq_len = model.cfg.seq_len
     shards = folder.shards("val")
@@ -108,6 +128,9 @@ def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str =
     if total <= 0:
         raise UserError(f"{folder.path}: no val tokens to evaluate on (the val split is empty)")
     tally = _Tally(folder, unigram_log_probs(folder))
+    feed = getattr(model, "index", None) is not None
+    if feed and features is None:
+        raise ValueError("this model was built with the token index: evaluate it with features")
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     batch: list[tuple[int, int, int]] = []  # (shard index, start, end) of full windows
     done = 0
@@ -116,11 +139,17 @@ def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str =
         nonlocal done
         rows = [np.asarray(shards[k].tokens[s:e], dtype=np.int64) for k, s, e in items]
         w = torch.from_numpy(np.stack(rows)).to(device)  # (B, L+1)
+        x, y = w[:, :-1], w[:, 1:].contiguous()  # (B, L) each
+        feats = features.gather([(k, s) for k, s, _ in items], x.shape[1]) if features is not None else None
         with autocast():
-            logits = model(w[:, :-1])  # (B, L, V)
-        nats = token_losses(logits, w[:, 1:].contiguous()).double().cpu().numpy()  # (B, L)
-        for (k, s, e), row, row_nats in zip(items, rows, nats):
-            tally.add(k, shards[k], s, row[1:], row_nats)
+            if feed:
+                nats = model(x, index=feats.to(device), targets=y)  # (B, L)
+            else:
+                nats = token_losses(model(x), y)  # (B, L)
+        nats = nats.double().cpu().numpy()
+        lens = feats.match_len.numpy() if feats is not None else [None] * len(rows)  # (B, L)
+        for (k, s, e), row, row_nats, row_lens in zip(items, rows, nats, lens):
+            tally.add(k, shards[k], s, row[1:], row_nats, row_lens)
             done += e - s - 1
         if on_progress is not None:
             on_progress(done, total)
@@ -141,7 +170,11 @@ def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str =
                 run([(k, s, e)])  # a shorter window: alone, so no padding is needed
     if batch:
         run(batch)
-    return _summary(folder, tally, tally.text_bytes(shards), total)
+    summary = _summary(folder, tally, tally.text_bytes(shards), total)
+    if features is not None:
+        assert int(tally.bucket_tokens.sum()) == total
+        summary.update(bucket_summary(tally.bucket_nats, tally.bucket_tokens))
+    return summary
 
 
 def _summary(folder: TokenFolder, t: _Tally, text_bytes: np.ndarray, total: int) -> dict:
@@ -170,10 +203,12 @@ def run_dir_of(ckpt: str | os.PathLike) -> Path | None:
 
 def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, device: torch.device | str = "cpu",
                         batch_size: int = 8, max_tokens: int | None = None,
-                        on_progress: Callable[[int, int], None] | None = None, precision: str = "bf16") -> dict:
+                        on_progress: Callable[[int, int], None] | None = None, precision: str = "bf16",
+                        indexes: list[str | os.PathLike] = ()) -> dict:
     """Load CKPT (checkpoint or run folder), check the tokenizer, score the val split: the eval.json record.
 
     precision: "bf16" (as trained) or a low-precision inference mode of tscale.precision.INFER_MODES.
+    indexes: index folders to score against, one pass each (see the module docstring).
     """
     from tscale.precision import quantize_for_inference
     from tscale.train.checkpoint import load_model
@@ -186,6 +221,17 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     model, ck = load_model(ckpt, device)
     quantize_for_inference(model, precision)
     check_same_tokenizer(ck.tokenizer_path, folder, model.cfg.vocab_size)
-    result = evaluate(model, folder, device, batch_size, max_tokens, on_progress)
-    return {"checkpoint": str(ck.path), "step": ck.step, "tokens_dir": str(folder.path),
-            "max_tokens": max_tokens, "precision": precision, **result}
+    uses_index = ck.index_cfg is not None
+    indexes = list(indexes)
+    check_index_use(ck.path, uses_index, indexes)
+    head = {"checkpoint": str(ck.path), "step": ck.step, "tokens_dir": str(folder.path), "max_tokens": max_tokens,
+            "precision": precision, "model_uses_index": uses_index}
+    if not indexes:
+        return {**head, **evaluate(model, folder, device, batch_size, max_tokens, on_progress)}
+    topk = ck.index_cfg.topk if uses_index else 1
+    entries = []
+    for path in indexes:
+        features, info = val_features(path, folder, topk, max_tokens)
+        entries.append({**info, **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features)})
+    first = {k: v for k, v in entries[0].items() if k not in ("index", "lookups", "index_tokens", "decontamination")}
+    return {**head, **first, "indexes": entries}

@@ -3,7 +3,8 @@
 build_index(tokens, out, ...)  the build-index stage (tscale/index/build.py)
 Index(path).lookup(tokens, exclude_ranges=None, max_len=64, topk=4)
     -> match_len (N,), next_tokens (N, k), next_counts (N, k)  (tscale/index/lookup.py)
-IndexInputs, IndexMixer: the lookups as model inputs and as an output mixture (tscale/index/mixing.py)
+StoredFeatures, write_features: per-token lookups (top-k next tokens and counts) on disk (tscale/index/features.py)
+IndexFeatures, IndexInputs, IndexMixer: the lookups as model inputs and as an output mixture (tscale/index/mixing.py)
 """
 
 from tscale.index.build import build_index

@@ -50,8 +50,12 @@ def default_workers() -> int:
 
 def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb: float = DEFAULT_MAX_MEMORY_GB,
                 decontaminate: int | None = None, features: bool = False, shard_tokens: int | None = None,
-                quiet: bool = False, workers: int | None = None) -> dict:
-    """Build the index folder `out` from the token folder `tokens`; return its manifest."""
+                quiet: bool = False, workers: int | None = None, features_topk: int = feats.DEFAULT_TOPK) -> dict:
+    """Build the index folder `out` from the token folder `tokens`; return its manifest.
+
+    features: also write per-token lookups of every train and val token, with the top
+    `features_topk` next tokens and their counts (tscale/index/features.py).
+    """
     out = Path(out)
     if out.exists():
         raise UserError(f"{out}: already exists; choose another -o or delete it")
@@ -59,6 +63,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         raise UserError(f"--max-memory-gb {max_memory_gb}: must be positive")
     if decontaminate is not None and decontaminate < 1:
         raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
+    if not 1 <= features_topk <= feats.MAX_TOPK:
+        raise UserError(f"--features-topk {features_topk}: must be between 1 and {feats.MAX_TOPK}")
     workers = workers or default_workers()
     if workers < 1:
         raise UserError(f"--workers {workers}: must be at least 1")
@@ -104,7 +110,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         )
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
         if features:
-            written = feats.write_features(Index(tmp), folder, tmp, progress)
+            written = feats.write_features(Index(tmp), folder, tmp, progress, topk=features_topk)
             fields["features"] = written["record"]
             manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files + written["files"], **fields)
     return manifest

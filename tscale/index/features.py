@@ -1,11 +1,23 @@
-"""Per-token index features of a token folder: features-{split}-NNNNN.bin beside the index.
+"""Per-token index features of a token folder: features-{split}-NNNNN.bin beside the index, written and read.
 
-Each record is FEATURE_DTYPE, packed, one per token of the token shard of the same name:
-`len` (uint8) is the longest match of the context ending at that token (capped at
-FEATURE_MAX_LEN) and `next` the most frequent token that followed it in the index (vocab_size
-where there is none), i.e. the index's guess for the following token. Training tokens are
-looked up leave-one-out: occurrences overlapping their own document do not count. Validation
-documents are never in the index, so they need no exclusion. Contexts restart after each eos.
+Each record is FEATURE_DTYPE, packed, one per token of the token shard of the same name,
+about the context that ends at that token (the index's view of the token that follows it):
+
+  len    uint8            longest match of the context in the index (capped at FEATURE_MAX_LEN)
+  next   token dtype (k,) the k most frequent tokens that followed that context in the index,
+                          most frequent first; `none_token` (= vocab_size) where there are fewer
+  count  uint32 (k,)      how often each followed it (0 for none; ranges above FEATURE_MAX_SUPPORT
+                          occurrences are sampled and scaled, see Index.lookup)
+
+so 1 + 2k + 4k bytes a record with uint16 tokens (25 for the default k = 4). Training tokens
+are looked up leave-one-out: occurrences overlapping their own document do not count.
+Validation documents are never in the index, so they need no exclusion. Contexts restart
+after each eos. The manifest's "features" record (FEATURES_VERSION 2) gives k, the limits,
+the dtype and none_token; version 1 (len and top-1 next only) is refused when read.
+
+Features belong to the token folder the index was built from; `StoredFeatures` refuses
+another one. `fresh_features` computes the same records on the fly (for an index built
+without --features, or from other tokens of the same tokenizer).
 """
 
 from pathlib import Path
@@ -15,49 +27,70 @@ from rich.progress import Progress
 
 from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
-from tscale.index.lookup import Index
+from tscale.fileio import sha256_file
+from tscale.index.lookup import DEFAULT_MAX_SUPPORT, INDEX_FORMAT, INDEX_VERSION, Index
+from tscale.manifest import MANIFEST, load_manifest
 
+FEATURES_VERSION = 2
 FEATURE_MAX_LEN = 64
+FEATURE_MAX_SUPPORT = DEFAULT_MAX_SUPPORT
+DEFAULT_TOPK = 4
+MAX_TOPK = 64
 BATCH_TOKENS = 1 << 22
+COUNT_MAX = (1 << 32) - 1
 
 
-def feature_dtype(token_dtype: np.dtype) -> np.dtype:
-    return np.dtype([("len", "u1"), ("next", np.dtype(token_dtype).str)])  # packed: 3 or 5 bytes
+def feature_dtype(token_dtype: np.dtype, topk: int) -> np.dtype:
+    """The packed record: len u1, next (topk,) token dtype, count (topk,) u4."""
+    return np.dtype([("len", "u1"), ("next", np.dtype(token_dtype).str, (topk,)), ("count", "<u4", (topk,))])
 
 
 def feature_name(shard_name: str) -> str:
     return f"features-{shard_name}.bin"
 
 
-def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progress | None = None) -> dict:
+def pack(lens: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, dtype: np.dtype, none_token: int) -> np.ndarray:
+    """Index.lookup's (N,), (N, k), (N, k) -> (N,) records of `dtype`."""
+    rec = np.zeros(len(lens), dtype=dtype)
+    rec["len"] = np.minimum(lens, 255)
+    rec["next"] = np.where(nxt >= 0, nxt, none_token)
+    rec["count"] = np.clip(cnt, 0, COUNT_MAX)
+    return rec
+
+
+def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progress | None = None,
+                   topk: int = DEFAULT_TOPK) -> dict:
     """Write features for every shard of `folder` into `out`; return {"files": [...], "record": {...}}."""
+    if not 1 <= topk <= MAX_TOPK:
+        raise UserError(f"--features-topk {topk}: must be between 1 and {MAX_TOPK}")
     index.check_tokens(folder)
     own = index.doc_ranges()
-    dtype = feature_dtype(folder.dtype)
+    dtype = feature_dtype(folder.dtype, topk)
     files = []
     task = progress.add_task("writing features", total=folder.num_tokens("train") + folder.num_tokens("val")) if progress else None
     for split in ("train", "val"):
         for k, (name, shard) in enumerate(zip(folder.manifest["splits"][split]["shards"], folder.shards(split))):
             rec = np.zeros(len(shard.tokens), dtype=dtype)
             for s, e, excl in doc_batches(shard, k, own if split == "train" else None):
-                lens, nxt, _ = index.lookup(shard.tokens[s:e], excl, max_len=FEATURE_MAX_LEN, topk=1)
-                rec["len"][s:e] = lens
-                rec["next"][s:e] = np.where(nxt[:, 0] >= 0, nxt[:, 0], index.vocab_size)
+                looked = index.lookup(shard.tokens[s:e], excl, max_len=FEATURE_MAX_LEN, topk=topk,
+                                      max_support=FEATURE_MAX_SUPPORT)
+                rec[s:e] = pack(*looked, dtype, index.vocab_size)
                 if progress:
                     progress.advance(task, e - s)
             rec.tofile(out / feature_name(name))
             files.append(feature_name(name))
-    record = {"max_len": FEATURE_MAX_LEN, "dtype": [list(f) for f in dtype.descr], "none_token": index.vocab_size,
+    record = {"version": FEATURES_VERSION, "topk": topk, "max_len": FEATURE_MAX_LEN, "max_support": FEATURE_MAX_SUPPORT,
+              "dtype": [list(f) for f in dtype.descr], "record_bytes": dtype.itemsize, "none_token": index.vocab_size,
               "leave_one_out": "train tokens ignore occurrences overlapping their own document"}
     return {"files": files, "record": record}
 
 
-def doc_batches(shard: Shard, shard_no: int, own: dict | None):
-    """Whole-document batches (s, e, exclude ranges or None) of about BATCH_TOKENS tokens."""
+def doc_batches(shard: Shard, shard_no: int, own: dict | None, limit: int | None = None):
+    """Whole-document batches (s, e, exclude ranges or None) of about BATCH_TOKENS tokens, up to `limit` tokens."""
     starts = shard.docs[:, 0].astype(np.int64)
     ends = shard.doc_ends
     d0 = 0
-    while d0 < len(starts):
+    while d0 < len(starts) and (limit is None or starts[d0] < limit):
         d1 = int(np.searchsorted(starts, starts[d0] + BATCH_TOKENS, side="left"))
         d1 = max(d1, d0 + 1)
         s, e = int(starts[d0]), int(ends[d1 - 1])
@@ -69,9 +102,64 @@ def doc_batches(shard: Shard, shard_no: int, own: dict | None):
         d0 = d1
 
 
-def read_features(index_path: str | Path, shard_name: str, token_dtype: np.dtype) -> np.ndarray:
-    """Memory-map features-{shard_name}.bin of an index folder as a FEATURE_DTYPE array."""
-    path = Path(index_path) / feature_name(shard_name)
-    if not path.is_file():
-        raise UserError(f"{path}: missing; build the index with --features")
-    return np.memmap(path, dtype=feature_dtype(token_dtype), mode="r")
+def fresh_features(index: Index, shard: Shard, topk: int, limit: int | None = None) -> np.ndarray:
+    """Records of a shard without exclusion (validation), looked up now; only the first `limit` tokens are filled."""
+    dtype = feature_dtype(shard.tokens.dtype, topk)
+    rec = np.zeros(len(shard.tokens), dtype=dtype)
+    rec["next"] = index.vocab_size
+    for s, e, _ in doc_batches(shard, 0, None, limit):
+        looked = index.lookup(shard.tokens[s:e], None, max_len=FEATURE_MAX_LEN, topk=topk, max_support=FEATURE_MAX_SUPPORT)
+        rec[s:e] = pack(*looked, dtype, index.vocab_size)
+    return rec
+
+
+def unpack(rec: np.ndarray, topk: int, none_token: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Records (..., ) -> match_len (...) int64, next_tokens (..., topk) int64 (-1 = none), counts (..., topk) int64."""
+    nxt = rec["next"][..., :topk].astype(np.int64)
+    cnt = rec["count"][..., :topk].astype(np.int64)
+    nxt[(nxt == none_token) | (cnt == 0)] = -1
+    return rec["len"].astype(np.int64), nxt, cnt
+
+
+def tokens_match(manifest: dict, folder: TokenFolder) -> bool:
+    """Whether an index manifest says it was built from exactly this token folder (its manifest's sha256)."""
+    return manifest["tokens"]["manifest_sha256"] == sha256_file(folder.path / MANIFEST)
+
+
+class StoredFeatures:
+    """The features an index folder holds for its own token folder, memory-mapped per split and shard."""
+
+    def __init__(self, index_path: str | Path, folder: TokenFolder, topk: int):
+        self.path = Path(index_path)
+        m = load_manifest(self.path, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
+        where = self.path / MANIFEST
+        record = m.get("features")
+        if not record:
+            raise UserError(f"{where}: the index has no per-token features; build it with "
+                            f"`tscale build-index {folder.path} -o DIR --features`")
+        if record.get("version") != FEATURES_VERSION:
+            raise UserError(f"{where}: features of version {record.get('version', 1)} (no next-token counts); "
+                            f"rebuild the index with --features (version {FEATURES_VERSION})")
+        if not tokens_match(m, folder):
+            raise UserError(f"{where}: the index was built from token folder {m['tokens']['path']}, not {folder.path} "
+                            f"(manifest sha256 differs); rebuild it from {folder.path} with --features")
+        if topk > record["topk"]:
+            raise UserError(f"index.topk {topk}: {self.path} stores only {record['topk']} next tokens per position; "
+                            f"lower index.topk or rebuild with --features-topk {topk}")
+        self.record, self.topk = record, topk
+        self.none_token: int = record["none_token"]
+        self.dtype = feature_dtype(folder.dtype, record["topk"])
+        self.folder = folder
+
+    def shards(self, split: str) -> list[np.ndarray]:
+        """(N,) records per shard of `split`, aligned with the shard's tokens."""
+        out = []
+        for name, shard in zip(self.folder.manifest["splits"][split]["shards"], self.folder.shards(split)):
+            path = self.path / feature_name(name)
+            if not path.is_file():
+                raise UserError(f"{path}: missing; rebuild the index {self.path} with --features")
+            rec = np.memmap(path, dtype=self.dtype, mode="r") if len(shard.tokens) else np.zeros(0, self.dtype)
+            if len(rec) != len(shard.tokens):
+                raise UserError(f"{path}: {len(rec)} records for {len(shard.tokens)} tokens (corrupt features)")
+            out.append(rec)
+        return out

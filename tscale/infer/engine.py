@@ -6,6 +6,10 @@ text, why it ended ("eos", "stop" or "length") and the token count. Pieces never
 multi-byte UTF-8 character (a decoded tail of U+FFFD is held back until its bytes complete)
 and never show a stop string or the part of one that may still be completed, so the pieces
 joined are exactly the final text. Batch files (JSONL in, JSONL out) are in `tscale.infer.batch`.
+
+A model trained with the token index is fed its lookups at every position (IndexLookups):
+the prompt's all at once, then, for each new token, the longest match of the context's last
+FEATURE_MAX_LEN tokens (exactly what the whole context gives, as matches are capped there).
 """
 
 import contextlib
@@ -19,6 +23,10 @@ from tokenizers import Tokenizer
 
 from tscale.data.tokenizer import EOS, decode, eos_id, load_tokenizer
 from tscale.errors import UserError
+from tscale.fileio import sha256_file
+from tscale.index.features import FEATURE_MAX_LEN, FEATURE_MAX_SUPPORT
+from tscale.index.lookup import Index
+from tscale.index.mixing import IndexFeatures
 from tscale.infer.sampling import SamplingParams, make_generator, sample_next
 
 REPLACEMENT = "\ufffd"  # what the decoder shows for bytes of a character not complete yet
@@ -52,11 +60,46 @@ class Completion:
     tokens: int  # tokens sampled, the eos or the ones spelling a stop string included
 
 
+class IndexLookups:
+    """Lookups of a growing token sequence in an index, as the IndexFeatures a model takes."""
+
+    def __init__(self, index: Index, topk: int, device: torch.device):
+        self.index, self.topk, self.device = index, topk, device
+
+    def last(self, ids: list[int], n: int) -> IndexFeatures:
+        """Features (1, n[, K]) of the last n positions of `ids`."""
+        ctx = ids[-(n + FEATURE_MAX_LEN - 1):]
+        lens, nxt, cnt = self.index.lookup(ctx, None, max_len=FEATURE_MAX_LEN, topk=self.topk,
+                                           max_support=FEATURE_MAX_SUPPORT)
+        parts = (lens[-n:].astype("int64"), nxt[-n:], cnt[-n:])  # (n,), (n, K), (n, K)
+        return IndexFeatures(*(torch.from_numpy(a).unsqueeze(0) for a in parts)).to(self.device)
+
+
+def open_index_for(ckpt, index_path: str | os.PathLike | None) -> Index | None:
+    """The index a checkpoint's model needs (None for a model without one); one-line errors otherwise."""
+    if ckpt.index_cfg is None:
+        if index_path is not None:
+            raise UserError(f"--index {index_path}: the model of {ckpt.path} was trained without the token index; "
+                            f"drop --index")
+        return None
+    if index_path is None:
+        raise UserError(f"{ckpt.path}: the model was trained with the token index (index.json); "
+                        f"give --index INDEX_DIR")
+    index = Index(index_path)
+    want, have = index.manifest["tokens"]["tokenizer_sha256"], sha256_file(ckpt.tokenizer_path)
+    if want != have:
+        raise UserError(f"--index {index_path}: built with another tokenizer than the model of {ckpt.path} "
+                        f"(sha256 {want[:12]}… vs {have[:12]}…); use an index of the model's token folder")
+    return index
+
+
 class Engine:
     """A model in eval mode, its tokenizer and device: turns prompts into completions."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu"):
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu",
+                 lookups: IndexLookups | None = None):
         self.model = model
+        self.lookups = lookups
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.eos = eos_id(tokenizer)
@@ -67,14 +110,19 @@ class Engine:
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
-                        precision: str = "bf16") -> "Engine":
-        """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8")."""
-        from tscale.precision import quantize_for_inference
-        from tscale.train.checkpoint import load_model
+                        precision: str = "bf16", index: str | os.PathLike | None = None) -> "Engine":
+        """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8").
 
+        index: the index folder a model trained with the token index looks its contexts up in.
+        """
+        from tscale.precision import quantize_for_inference
+        from tscale.train.checkpoint import load_model, open_checkpoint
+
+        opened = open_index_for(open_checkpoint(path), index)
         model, ckpt = load_model(path, device)
         quantize_for_inference(model, precision)
-        return cls(model, load_tokenizer(ckpt.tokenizer_path), device)
+        lookups = IndexLookups(opened, ckpt.index_cfg.topk, torch.device(device)) if opened is not None else None
+        return cls(model, load_tokenizer(ckpt.tokenizer_path), device, lookups)
 
     def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:
         """Prompt ids; an empty prompt starts from eos. `<|endoftext|>` in the text is the eos token."""
@@ -95,14 +143,19 @@ class Engine:
         if max_new_tokens <= 0:
             return
         cache = self.model.new_cache(1, self.seq_len, self.device, self.cache_dtype)
-        x = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # (1, P)
+        ids = list(prompt_ids)
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, P)
         for i in range(max_new_tokens):
             with self._autocast():
-                logits = self.model(x, cache)[:, -1]  # (1, V)
+                if self.lookups is None:
+                    logits = self.model(x, cache)[:, -1]  # (1, V)
+                else:
+                    logits = self.model(x, cache, index=self.lookups.last(ids, x.shape[1]))[:, -1]
             tok = int(sample_next(logits, sampling, generator)[0])
             yield tok
             if cache.pos >= self.seq_len:  # the next token would have no position left
                 return
+            ids.append(tok)
             x = torch.tensor([[tok]], dtype=torch.long, device=self.device)  # (1, 1)
 
     def stream(self, prompt: str, params: GenerationParams, prompt_ids: list[int] | None = None) -> "TextStream":
@@ -178,4 +231,5 @@ def _held_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
-__all__ = ["EOS", "FINISH_REASONS", "Completion", "Engine", "GenerationParams", "TextStream"]
+__all__ = ["EOS", "FINISH_REASONS", "Completion", "Engine", "GenerationParams", "IndexLookups", "TextStream",
+           "open_index_for"]

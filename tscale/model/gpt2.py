@@ -3,7 +3,9 @@
 Pre-LayerNorm blocks, GELU MLP of width 4C, learned absolute positions, biases, tied input
 embedding and output head, GPT-2 initialisation (residual projections scaled by 1/sqrt(2L)).
 The embedding table is padded to a multiple of 64 rows for fast matrix shapes; the logits
-are cut back to the real vocabulary, so padded ids never get probability.
+are cut back to the real vocabulary, so padded ids never get probability. Built with an
+enabled IndexConfig, it also holds the token index's input embeddings and/or output mixture
+(tscale/model/index_adapter.py).
 """
 
 import math
@@ -12,8 +14,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tscale.config import ModelConfig
+from tscale.config import IndexConfig, ModelConfig
+from tscale.index.mixing import IndexFeatures
+from tscale.model.index_adapter import check_features, make_adapter
 from tscale.model.kv_cache import KVCache
+from tscale.model.loss import token_losses
 
 VOCAB_MULTIPLE = 64
 
@@ -68,7 +73,7 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, index: IndexConfig | None = None):
         super().__init__()
         self.cfg = cfg
         padded_vocab = -(-cfg.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
@@ -82,6 +87,7 @@ class GPT2(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        self.index = make_adapter(cfg.vocab_size, cfg.d_model, index)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -96,21 +102,34 @@ class GPT2(nn.Module):
         c = self.cfg
         return KVCache(c.n_layer, batch, c.n_head, max_len, c.d_model // c.n_head, device, dtype)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
+
+        index: the token index's features of these positions (models built with the index need
+        them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
+        losses (B, T) in nats instead.
+        """
+        check_features(self.index, index)
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + T} positions exceeds model.seq_len {self.cfg.seq_len}")
         pos = torch.arange(start, start + T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.index is not None:
+            x = self.index.embed(x, index)
+        x = x + self.wpe(pos)
         x = F.dropout(x, self.cfg.dropout, self.training)
         for i, block in enumerate(self.blocks):
             x = block(x, i, cache)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V_padded)
-        return logits[..., : self.cfg.vocab_size]
+        hidden = self.ln_f(x)  # (B, T, C)
+        logits = self.lm_head(hidden)[..., : self.cfg.vocab_size]  # (B, T, V)
+        if self.index is not None:
+            return self.index.output(hidden, logits, index, targets)
+        return logits if targets is None else token_losses(logits, targets)
 
     def matmul_params(self) -> int:
         """Parameters that take part in matrix products per token (embedding lookups excluded, head included)."""

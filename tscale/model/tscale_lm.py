@@ -6,15 +6,20 @@ head, logit soft-capping, an attention sink (softmax plus one), attention that n
 a document boundary (documents end with the eos token; the eos token opens the next document,
 like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
 layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
-Attention goes through tscale.ops.attention only.
+Attention goes through tscale.ops.attention only. Built with an enabled IndexConfig, it also
+holds the token index's input embeddings (added before the embedding normalisation) and/or
+output mixture (tscale/model/index_adapter.py).
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tscale.config import ModelConfig
+from tscale.config import IndexConfig, ModelConfig
+from tscale.index.mixing import IndexFeatures
+from tscale.model.index_adapter import check_features, make_adapter
 from tscale.model.kv_cache import KVCache
+from tscale.model.loss import token_losses
 from tscale.ops.attention import attention
 
 VOCAB_MULTIPLE = 64
@@ -111,7 +116,7 @@ class Block(nn.Module):
 
 
 class TScaleLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, index: IndexConfig | None = None):
         super().__init__()
         if cfg.doc_mask and cfg.eos_id < 0:
             raise ValueError("model.eos_id must be resolved (from the token folder) before building with doc_mask")
@@ -129,6 +134,7 @@ class TScaleLM(nn.Module):
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
+        self.index = make_adapter(cfg.vocab_size, cfg.d_model, index)
 
     def _init_weights(self) -> None:
         """Matrices ~ N(0, 0.5 / sqrt(fan_in)); embeddings ~ N(0, 1) (they are normalised); projections zero."""
@@ -150,14 +156,24 @@ class TScaleLM(nn.Module):
         c = self.cfg
         return KVCache(c.n_layer, batch, c.n_head, max_len, c.head_dim, device, dtype)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
+
+        index: the token index's features of these positions (models built with the index need
+        them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
+        losses (B, T) in nats instead.
+        """
+        check_features(self.index, index)
         B, T = idx.shape
         c = self.cfg
         start = cache.pos if cache is not None else 0
         if start + T > c.seq_len:
             raise ValueError(f"sequence of {start + T} positions exceeds model.seq_len {c.seq_len}")
-        x = _plain_norm(c, self.wte(idx))  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.index is not None:
+            x = self.index.embed(x, index)
+        x = _plain_norm(c, x)
         rope = None
         if c.rope:
             rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])  # 2 x (T, D/2)
@@ -172,10 +188,14 @@ class TScaleLM(nn.Module):
             x = block(x, rope, doc_ids, i, cache)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(self.norm_f(x))  # (B, T, V_padded)
+        hidden = self.norm_f(x)  # (B, T, C)
+        logits = self.lm_head(hidden)  # (B, T, V_padded)
         if c.logit_softcap:
             logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
-        return logits[..., : c.vocab_size]
+        logits = logits[..., : c.vocab_size]  # (B, T, V)
+        if self.index is not None:
+            return self.index.output(hidden, logits, index, targets)
+        return logits if targets is None else token_losses(logits, targets)
 
     def matmul_params(self) -> int:
         """Parameters that take part in matrix products per token: the blocks' matrices and the head."""

@@ -2,6 +2,8 @@
 
   model.safetensors   weights (tied tensors stored once)
   model.json          the ModelConfig the weights belong to
+  index.json          only for a model built with the token index: its IndexConfig (eval and
+                      infer then need an index folder; see docs/index.md)
   tokenizer.json      the tokenizer of the token folder the model was trained on
   train_state.pt      optimizer, loader position, RNG states, step (only for --resume)
   manifest.json       format "tscale-checkpoint" v1, step, checksums
@@ -21,7 +23,7 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 
-from tscale.config import ModelConfig
+from tscale.config import IndexConfig, ModelConfig
 from tscale.errors import UserError
 from tscale.fileio import atomic_dir
 from tscale.manifest import load_manifest, write_manifest
@@ -37,6 +39,7 @@ class Checkpoint:
     step: int
     model_cfg: ModelConfig
     manifest: dict
+    index_cfg: IndexConfig | None = None
 
     @property
     def tokenizer_path(self) -> Path:
@@ -65,7 +68,8 @@ def checkpoint_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module, model_cfg: ModelConfig,
-                    tokenizer_path: str | os.PathLike, train_state: dict, keep_last: int) -> Path:
+                    tokenizer_path: str | os.PathLike, train_state: dict, keep_last: int,
+                    index_cfg: IndexConfig | None = None) -> Path:
     path = Path(run_dir) / "ckpt" / f"step-{step:07d}"
     if path.exists():
         return path
@@ -75,6 +79,9 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module, mod
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         torch.save(train_state, tmp / "train_state.pt")
         files = ["model.safetensors", "model.json", "tokenizer.json", "train_state.pt"]
+        if index_cfg is not None and index_cfg.enabled:
+            (tmp / "index.json").write_text(index_cfg.model_dump_json(indent=1) + "\n", encoding="utf-8")
+            files.append("index.json")
         write_manifest(tmp, CKPT_FORMAT, CKPT_VERSION, files, step=step)
     for _, old in checkpoint_dirs(run_dir)[:-keep_last]:
         shutil.rmtree(old)
@@ -96,7 +103,13 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
         model_cfg = ModelConfig.model_validate(json.loads((path / "model.json").read_text(encoding="utf-8")))
     except Exception as e:
         raise UserError(f"{path / 'model.json'}: not a valid model config ({e})") from None
-    return Checkpoint(path=path, step=manifest["step"], model_cfg=model_cfg, manifest=manifest)
+    index_cfg = None
+    if "index.json" in manifest.get("files", {}):
+        try:
+            index_cfg = IndexConfig.model_validate(json.loads((path / "index.json").read_text(encoding="utf-8")))
+        except Exception as e:
+            raise UserError(f"{path / 'index.json'}: not a valid index config ({e})") from None
+    return Checkpoint(path=path, step=manifest["step"], model_cfg=model_cfg, manifest=manifest, index_cfg=index_cfg)
 
 
 def load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
@@ -124,6 +137,6 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
     from tscale.model import build_model
 
     ckpt = open_checkpoint(path)
-    model = build_model(ckpt.model_cfg)
+    model = build_model(ckpt.model_cfg, ckpt.index_cfg)
     load_weights(model, ckpt)
     return model.to(device).eval(), ckpt

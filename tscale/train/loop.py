@@ -7,6 +7,10 @@ stopped. SIGTERM and SIGINT end the current step, save a checkpoint and return.
 
 Under torchrun (tscale/dist) every rank runs this loop on its share of the data; rank 0
 alone reads and writes the run folder, and the ranks agree on when to stop.
+
+With the token index on (config [index]), the loader reads the index's stored per-token
+features beside every training and validation window, the model takes them, and the loss is
+the model's per-token loss (with index.mixer: the NLL of the mixed distribution).
 """
 
 import math
@@ -21,12 +25,14 @@ from typing import Callable
 import torch
 
 from tscale.config import RunConfig, to_toml
-from tscale.data.loader import TrainLoader, val_batches
+from tscale.data.loader import TrainLoader, WindowFeatures, val_batches
 from tscale.data.shards import TokenFolder
 from tscale.devices import peak_flops, resolve_autocast_dtype, resolve_device
 from tscale.dist import DistEnv, Replicas, init_dist
 from tscale.errors import UserError
 from tscale.fileio import write_text_atomic
+from tscale.index.features import StoredFeatures
+from tscale.index.mixing import IndexFeatures
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
@@ -94,14 +100,26 @@ def resolve_data(cfg: RunConfig) -> TokenFolder:
     return folder
 
 
+def open_features(cfg: RunConfig, folder: TokenFolder) -> tuple[WindowFeatures, WindowFeatures] | None:
+    """The index's (train, val) feature records for the run's token folder, or None without an index."""
+    if not cfg.index.enabled:
+        return None
+    stored = StoredFeatures(cfg.index.path, folder, cfg.index.topk)
+    return tuple(WindowFeatures(stored.shards(split), cfg.index.topk, stored.none_token) for split in ("train", "val"))
+
+
 @torch.no_grad()
-def evaluate(model, folder: TokenFolder, cfg: RunConfig, device, autocast) -> float:
+def evaluate(model, folder: TokenFolder, cfg: RunConfig, device, autocast, features: WindowFeatures | None = None) -> float:
     model.eval()
     total, count = 0.0, 0
-    for x, y in val_batches(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.eval_batches):
+    for batch in val_batches(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.eval_batches, features):
+        x, y = batch[0].to(device), batch[1].to(device)
         with autocast():
-            logits = model(x.to(device))
-        total += mean_loss(logits, y.to(device)).item() * y.numel()
+            if features is None:
+                loss = mean_loss(model(x), y)
+            else:
+                loss = model(x, index=batch[2].to(device), targets=y).mean()
+        total += loss.item() * y.numel()
         count += y.numel()
     model.train()
     return total / count
@@ -157,12 +175,14 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
 
+    features = open_features(cfg, folder)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model).to(device)
+    model = build_model(cfg.model, cfg.index).to(device)
     convert_linears(model, cfg.precision.recipe, exclude=cfg.precision.exclude, int8_backward=cfg.precision.int8_backward)
     if env.active:
         torch.manual_seed(cfg.train.seed + 1000 * env.rank)  # own dropout masks per rank
-    loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world)
+    loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world,
+                         features=features[0] if features else None)
     state = env.on_main(_read_resume_state, run_dir, model, env.world) if resume else None
     replicas = Replicas(model, env, cfg.dist)  # broadcasts rank 0's weights to the other ranks
     optimizer = build_optimizer(model, cfg.optim, device, freeze_variance_at=replicas.freeze_variance_at())
@@ -179,8 +199,11 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None) if env.is_main else NullLog()
 
-    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return mean_loss(replicas.module(x), y)  # (B, T) ids -> scalar; one graph under compile, logits never kept
+    def forward_loss(x: torch.Tensor, y: torch.Tensor, feats: IndexFeatures | None = None) -> torch.Tensor:
+        """(B, T) ids [+ index features] -> scalar; one graph under compile, logits never kept."""
+        if feats is None:
+            return mean_loss(replicas.module(x), y)
+        return replicas.module(x, index=feats, targets=y).mean()
 
     step_loss = torch.compile(forward_loss) if cfg.train.compile else forward_loss
 
@@ -197,16 +220,21 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
             return None
         state = {"step": step, "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
                  "world": env.world, "ranks": ranks}
-        return save_checkpoint(run_dir, step, model, cfg.model, folder.tokenizer_path, state, cfg.train.keep_last)
+        return save_checkpoint(run_dir, step, model, cfg.model, folder.tokenizer_path, state, cfg.train.keep_last,
+                               index_cfg=cfg.index)
 
     progress = ProgressLine(cfg.train.steps, step, quiet=quiet)
     progress.note(f"training {cfg.model.arch}: {sum(p.numel() for p in model.parameters()):,} parameters "
                   f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
-                  f"steps {step}..{cfg.train.steps}{replicas.describe()}; ops: {ops_backend()}")
+                  f"steps {step}..{cfg.train.steps}{replicas.describe()}; ops: {ops_backend()}{_index_note(cfg)}")
+
     def zeros() -> torch.Tensor:
         return torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
 
-    replicas.prime(lambda: step_loss(zeros(), zeros()).backward())
+    def no_match() -> IndexFeatures | None:
+        return IndexFeatures.empty(cfg.train.batch_size, cfg.model.seq_len, cfg.index.topk, device) if features else None
+
+    replicas.prime(lambda: step_loss(zeros(), zeros(), no_match()).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
         t_log, step_at_log = time.time(), step
@@ -217,10 +245,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                 group["lr"] = lr
             replicas.begin_step(step)
             for micro in range(cfg.train.grad_accum):
-                x, y = (t.to(device, non_blocking=True) for t in loader.next_batch(pin=device.type == "cuda"))
+                batch = [t.to(device, non_blocking=True) for t in loader.next_batch(pin=device.type == "cuda")]
                 with replicas.sync_unless(micro < cfg.train.grad_accum - 1):
                     with autocast():
-                        loss = step_loss(x, y) / cfg.train.grad_accum
+                        loss = step_loss(*batch) / cfg.train.grad_accum
                     loss.backward()
                 loss_sum += loss.detach()
             clip = cfg.optim.grad_clip if replicas.clips() else 0.0
@@ -252,7 +280,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                 loss_sum.zero_()
             if env.is_main and cfg.train.eval_every and (step % cfg.train.eval_every == 0 or final):
                 t_eval = time.time()
-                val_loss = evaluate(model, folder, cfg, device, autocast)
+                val_loss = evaluate(model, folder, cfg, device, autocast, features[1] if features else None)
                 metrics.write({"step": step, "val_loss": val_loss})
                 progress.note(f"step {step}: val loss {val_loss:.4f}")
                 t_log += time.time() - t_eval  # throughput counts training time only
@@ -271,6 +299,13 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     metrics.close()
     return TrainResult(step=step, last_loss=last_loss, val_loss=val_loss, checkpoint=last_ckpt,
                        stopped_early=stopped_early, rank=env.rank)
+
+
+def _index_note(cfg: RunConfig) -> str:
+    if not cfg.index.enabled:
+        return ""
+    parts = [name for name, on in (("inputs", cfg.index.inputs), ("mixer", cfg.index.mixer)) if on]
+    return f"; token index {cfg.index.path} ({' + '.join(parts)}, top-{cfg.index.topk})"
 
 
 def _memory_gb(device: torch.device) -> float:
