@@ -6,14 +6,30 @@ sees key j iff j <= p, p - j < window (window 0: no limit) and doc_ids[b, j] == 
 (doc_ids None: no document mask). With `sink` a null slot of logit 0 and value 0 joins every
 softmax ("softmax plus one"): weights exp(s_j) / (1 + sum_k exp(s_k)).
 
-Three paths with one meaning: `attention_reference` (explicit mask, matmul, softmax; float32
-math), `attention_flex` (torch FlexAttention with a BlockMask from the same mask rule; the sink
-is an appended null key/value slot), and `attention`, the door the model uses: a torch custom
-op (tscale::attention, fake and autograd registered, so torch.compile traces through it) that
-runs the reference forward and its analytic backward; on CUDA, until the fused kernel of
-csrc/attention exists, `attention` takes the compiled FlexAttention path instead when Tq == Tk
-(training, prefill), and the reference for cached decoding (Tq < Tk: small score matrices, and
-no recompilation of flex for every new key length).
+Three implementations with one meaning:
+  `attention_reference`  explicit mask, matmul, softmax; float32 math; the definition.
+  `attention_flex`       torch FlexAttention with a BlockMask of the same rule (the sink is an
+                         appended null key/value slot); compiled on CUDA.
+  `attention_kernel`     the fused CUDA kernels of csrc/attention (forward and backward, bf16 in
+                         and out, fp32 accumulation, tiles the mask hides are skipped), as the
+                         custom op tscale::attention_kernel.
+`attention`, the door the model uses, picks a path per call (`attention_path` says which):
+  kernel     CUDA, Tq == Tk, bfloat16 q/k/v, head dim 64 or 128, tscale._C built with CUDA, sm_80+;
+  flex       any other CUDA call with Tq == Tk (training, prefill);
+  reference  the rest: cached decoding (Tq < Tk: small score matrices, and no recompilation of
+             flex for every new key length) and CPU, through the custom op tscale::attention
+             (reference forward, analytic backward).
+Every path is a torch custom op or traceable, with fake implementations, so torch.compile
+traces through `attention`.
+
+Forcing a path (benchmarks, comparisons): TSCALE_ATTENTION=kernel|flex|reference in the
+environment, or attention(..., impl="kernel"|"flex"|"reference"), which wins over it. A forced
+kernel raises ValueError for a call it cannot serve (e.g. float32 inputs, or cached decoding)
+instead of quietly taking another path. TSCALE_OPS=reference (all of tscale.ops) makes the
+automatic choice the reference.
+
+The kernel takes doc_ids as int32 (converted here; ids must fit in int32, as document counts do)
+and accumulates dQ with atomics, so its dq is not bit-reproducible from run to run.
 """
 
 import functools
@@ -24,7 +40,11 @@ from typing import Optional
 
 import torch
 
+from tscale.ops.backend import kernels_usable_on
+
 log = logging.getLogger("tscale.ops")
+
+IMPLS = ("kernel", "flex", "reference")
 
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -111,15 +131,11 @@ def _flex_call(q, k, v, block_mask, scale: float):
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
 
 
-def attention_flex(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
-                   scale: float) -> torch.Tensor:
-    """FlexAttention with a BlockMask of the same rule; where flex cannot run (CPU backward), the reference."""
+def flex_inputs(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool):
+    """(k, v, block_mask) as attention_flex hands them to flex_attention: the sink as a null key/value appended
+    at index Tk, visible to every query, and the mask rule as a BlockMask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if not q.is_cuda and needs_grad:
-        _say_once("FlexAttention has no backward on CPU; attention_flex runs the reference there")
-        return attention_reference(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
     offset = Tk - Tq
@@ -141,6 +157,17 @@ def attention_flex(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: 
 
     block_mask = create_block_mask(mask_mod, B if docs is not None else None, None, Tq, Tk + int(sink),
                                    device=q.device)
+    return k, v, block_mask
+
+
+def attention_flex(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
+                   scale: float) -> torch.Tensor:
+    """FlexAttention with a BlockMask of the same rule; where flex cannot run (CPU backward), the reference."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if not q.is_cuda and needs_grad:
+        _say_once("FlexAttention has no backward on CPU; attention_flex runs the reference there")
+        return attention_reference(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
+    k, v, block_mask = flex_inputs(q, k, v, window=window, doc_ids=doc_ids, sink=sink)
     return _flex_call(q, k, v, block_mask, scale)
 
 
@@ -182,13 +209,124 @@ def _backward(ctx, grad):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool, scale: float) -> torch.Tensor:
+@torch.library.custom_op("tscale::attention_kernel", mutates_args=())
+def _kernel_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: Optional[torch.Tensor], window: int,
+               sink: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, doc_ids, window, sink, scale)
+    return out, lse
+
+
+@_kernel_op.register_fake
+def _kernel_fake(q, k, v, doc_ids, window, sink, scale):
+    B, H, T, D = q.shape
+    return q.new_empty(B, H, T, D), q.new_empty(B, H, T, dtype=torch.float32)  # out (contiguous), lse
+
+
+@torch.library.custom_op("tscale::attention_kernel_backward", mutates_args=())
+def _kernel_backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, doc_ids: Optional[torch.Tensor], window: int, sink: bool,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = torch.ops.tscale.attention_bwd_cuda(grad, q, k, v, out, lse, doc_ids, window, sink, scale)
+    return dq, dk, dv
+
+
+@_kernel_backward_op.register_fake
+def _kernel_backward_fake(grad, q, k, v, out, lse, doc_ids, window, sink, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)  # contiguous, as the kernel's
+
+
+def _kernel_setup_context(ctx, inputs, output):
+    q, k, v, doc_ids, window, sink, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, doc_ids)
+    ctx.window, ctx.sink, ctx.scale = window, sink, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _kernel_backward(ctx, grad, _grad_lse):
+    q, k, v, out, lse, doc_ids = ctx.saved_tensors
+    dq, dk, dv = _kernel_backward_op(grad, q, k, v, out, lse, doc_ids, ctx.window, ctx.sink, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+_kernel_op.register_autograd(_kernel_backward, setup_context=_kernel_setup_context)
+
+
+def attention_kernel(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
+                     scale: float) -> torch.Tensor:
+    """The fused kernel: q, k, v bf16 (B, H, T, D) of one shape, D 64 or 128 -> (B, H, T, D) bf16, differentiable."""
+    if doc_ids is not None and doc_ids.dtype != torch.int32:
+        doc_ids = doc_ids.to(torch.int32)
+    out, _lse = _kernel_op(q, k, v, doc_ids, window, sink, scale)
+    return out
+
+
+@torch.compiler.assume_constant_result  # evaluated once when traced, not traced into
+def _cuda_kernel_problem(index: int) -> str:
+    """Why the fused kernel cannot run on CUDA device `index` ("" when it can): build and architecture."""
+    if not kernels_usable_on("cuda"):
+        return "tscale._C is not built with CUDA kernels (or TSCALE_OPS=reference)"
+    if torch.cuda.get_device_capability(index) < (8, 0):
+        return "the GPU is older than sm_80"
+    return ""
+
+
+def kernel_unusable_reason(q, k, v) -> str | None:
+    """Why the fused kernel cannot serve attention on these tensors, or None when it can."""
+    if not q.is_cuda:
+        return f"the inputs are on {q.device.type}, not CUDA"
+    if q.shape[2] != k.shape[2]:
+        return f"Tq {q.shape[2]} != Tk {k.shape[2]} (cached decoding)"
+    if not (q.shape == k.shape == v.shape):
+        return f"q, k, v differ in shape: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    if not (q.dtype == k.dtype == v.dtype == torch.bfloat16):
+        return f"the inputs are {q.dtype}/{k.dtype}/{v.dtype}, not bfloat16"
+    if q.shape[-1] not in (64, 128):
+        return f"head dim {q.shape[-1]} is not 64 or 128"
+    return _cuda_kernel_problem(q.device.index) or None
+
+
+def _kernel_serves(q, k, v) -> bool:
+    """kernel_unusable_reason(q, k, v) is None, without building messages (cheap to trace)."""
+    return (q.is_cuda and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype == torch.bfloat16
+            and q.shape[-1] in (64, 128) and not _cuda_kernel_problem(q.device.index))
+
+
+def attention_path(q, k, v, impl: str | None = None) -> str:
+    """The path `attention` takes for these tensors: "kernel", "flex" or "reference" (see the module docstring)."""
+    choice = impl or os.environ.get("TSCALE_ATTENTION") or "auto"
+    if choice not in ("auto", *IMPLS):
+        raise ValueError(f"attention: unknown path {choice!r} (TSCALE_ATTENTION or impl); expected one of {IMPLS}")
+    if choice == "kernel":
+        reason = kernel_unusable_reason(q, k, v)
+        if reason is not None:
+            raise ValueError(f"attention: the fused kernel was asked for (TSCALE_ATTENTION or impl) but cannot serve "
+                             f"this call: {reason}")
+        return "kernel"
+    if choice != "auto":
+        return choice
+    if os.environ.get("TSCALE_OPS") == "reference":
+        return "reference"
+    if _kernel_serves(q, k, v):
+        return "kernel"
+    if q.is_cuda and q.shape[2] == k.shape[2]:
+        return "flex"
+    return "reference"
+
+
+def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool, scale: float,
+              impl: str | None = None) -> torch.Tensor:
     """Masked attention q (B, H, Tq, D), k and v (B, H, Tk, D), doc_ids (B, Tk) or None -> (B, H, Tq, D)."""
-    if q.is_cuda and q.shape[2] == k.shape[2] and os.environ.get("TSCALE_OPS") != "reference":
-        _say_once("attention: FlexAttention (compiled) on CUDA; the reference for cached decoding")
+    path = attention_path(q, k, v, impl)
+    if path == "kernel":
+        _say_once("attention: fused CUDA kernel (custom op tscale::attention_kernel); other paths where it cannot serve")
+        return attention_kernel(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
+    if path == "flex":
+        _say_once("attention: FlexAttention (compiled on CUDA)")
         return attention_flex(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     _say_once("attention: torch reference (custom op tscale::attention)")
     return _attention_op(q, k, v, doc_ids, window, sink, scale)
 
 
-__all__ = ["attention", "attention_flex", "attention_mask", "attention_reference"]
+__all__ = ["IMPLS", "attention", "attention_flex", "attention_kernel", "attention_mask", "attention_path",
+           "attention_reference", "flex_inputs", "kernel_unusable_reason"]

@@ -1,0 +1,393 @@
+// The fused attention backward: kernels and host entry attention_bwd_cuda(dout, q, k, v, out, lse, doc_ids?, window, sink, scale) -> (dq, dk, dv).
+//
+// Three kernels, in order:
+//   1. delta: Delta = rowsum(dO * O) per query row (one warp per row), fp32 (B, H, T).
+//   2. main: one block of 4 warps per (64-key tile, head, batch row); warp w owns key rows
+//      16w..16w+15. K and V stay in shared memory; the block walks the query tiles (BM = 64
+//      queries for D = 64, 32 for D = 128, to keep dK and dV in registers) that can see its keys:
+//        S^T = K Q^T, P^T = exp2(S^T * scale * log2 e - lse * log2 e) (masked), dP^T = V dO^T,
+//        dS^T = P^T * (dP^T - Delta)                      (all 16 x BM per warp, registers)
+//        dV += P^T dO,  dK += dS^T Q                      (P^T, dS^T reused as bf16 A operands)
+//        dQ(tile) += dS K                                 (dS^T through shared memory, then fp32
+//                                                          atomicAdd into dq_accum)
+//      The next query tile (Q, dO, lse, Delta, doc ids; double-buffered) is fetched while the
+//      current one is processed.
+//   3. dq: dq = scale * dq_accum as bf16 (B, H, T, D).
+// dQ is accumulated with atomics (no second pass that would recompute S and dP): dq_accum holds,
+// for each 16-query x 8-dim block of each (b, h), its 128 floats in mma accumulator order
+// (element c of lane L at c * 32 + L), so one warp-wide atomicAdd covers 32 consecutive floats.
+// Summation order varies from run to run, so dq is not bit-reproducible (dk, dv are).
+//
+// Query tiles visited by the key tile [k0, k0 + 64): causal, from the tile of query k0; window,
+// up to the tile of query k0 + 63 + window - 1; documents, up to the last tile whose id range
+// meets the key tile's (found by all threads at once), skipping those that don't as the loop
+// reaches them. Per-element masking only where all_visible() says a pair may be hidden.
+#pragma once
+
+#include <algorithm>
+
+#include "attention_host.h"
+
+namespace tscale::attn {
+namespace {
+
+template <int D>
+struct BwdLayout {
+  static constexpr int kBM = D == 128 ? 32 : 64;  // queries per step
+  static constexpr int kPitch = D + kPad;
+  static constexpr int kDsPitch = kBM + kPad;
+  static constexpr size_t kKVBytes = size_t{kTile} * kPitch * 2;
+  static constexpr size_t kQBytes = size_t{kBM} * kPitch * 2;
+  static constexpr size_t kK = 0, kV = kK + kKVBytes;
+  static constexpr size_t kQ = kV + kKVBytes;           // [2][BM][pitch], by step parity
+  static constexpr size_t kDO = kQ + 2 * kQBytes;       // [2][BM][pitch]
+  static constexpr size_t kDS = kDO + 2 * kQBytes;      // dS^T [64 keys][BM queries + pad]
+  static constexpr size_t kLse = kDS + size_t{kTile} * kDsPitch * 2;  // float [2][BM]: lse * log2 e
+  static constexpr size_t kDelta = kLse + 2 * kBM * sizeof(float);     // float [2][BM]
+  static constexpr size_t kQDocs = kDelta + 2 * kBM * sizeof(float);   // int32 [2][BM]
+  static constexpr size_t kSlot = kQDocs + 2 * kBM * sizeof(int32_t);
+  static constexpr size_t kBytes = kSlot + 16;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const BwdParams p) {
+  constexpr int kPer = D / 32;  // elements per lane
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // over B * H * T
+  if (row >= static_cast<int64_t>(p.B) * p.H * p.T) return;  // whole warps leave together
+  const int64_t t = row % p.T, bh = row / p.T;
+  const int64_t h = bh % p.H, b = bh / p.H;
+  const uint16_t* o = p.o + b * p.so.b + h * p.so.h + t * p.so.t + lane * kPer;
+  const uint16_t* d = p.dout + b * p.sdo.b + h * p.sdo.h + t * p.sdo.t + lane * kPer;
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc += bf16_to_float(o[i]) * bf16_to_float(d[i]);
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) acc += warp_xor(acc, m);
+  if (lane == 0) p.delta[row] = acc;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams p) {
+  using L = BwdLayout<D>;
+  constexpr int BM = L::kBM, P = L::kPitch, PS = L::kDsPitch;
+  constexpr int kQB = BM / 8;                 // n8-blocks of queries in S^T
+  constexpr int kDB = D / 8;                  // n8-blocks of head dims in dK, dV
+  constexpr int kWM = BM / 16;                // dQ: warps as kWM (16-query rows) x kWN (column slices)
+  constexpr int kWN = kWarps / kWM;
+  constexpr int kDQCols = D / kWN;
+  constexpr int kDQB = kDQCols / 8;
+  static_assert(kWM * kWN == kWarps && kDQB % 2 == 0, "dQ warp layout");
+  TSCALE_ATTN_DYNAMIC_SMEM(smem);
+  const uint32_t base = smem_addr(smem);
+  const uint32_t k_s = base + L::kK;    // (64, D) keys of this block
+  const uint32_t v_s = base + L::kV;    // (64, D) values
+  const uint32_t q_s = base + L::kQ;    // [2] x (BM, D) queries, by step parity
+  const uint32_t do_s = base + L::kDO;  // [2] x (BM, D) output gradients
+  const uint32_t ds_s = base + L::kDS;  // dS^T (64 keys, BM queries), read by ldmatrix
+  uint16_t* ds_w = reinterpret_cast<uint16_t*>(smem + L::kDS);  // the same, written by plain stores
+  float* lse_s = reinterpret_cast<float*>(smem + L::kLse);
+  float* delta_s = reinterpret_cast<float*>(smem + L::kDelta);
+  int32_t* qdocs_s = reinterpret_cast<int32_t*>(smem + L::kQDocs);
+  int* slot = reinterpret_cast<int*>(smem + L::kSlot);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int T = p.T, window = p.window;
+  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int k0 = kt * kTile;
+  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
+  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
+  const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const uint16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const float* lse_g = p.lse + bh * T;
+  const float* delta_g = p.delta + bh * T;
+
+  const bool docs = p.doc != nullptr;
+  const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
+  const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  const DocRange kd = docs ? doc_range(dmin, dmax, k0, kTile, p.n_stat) : DocRange{0, 0};
+  auto query_range = [&](int i) { return docs ? doc_range(dmin, dmax, i * BM, BM, p.n_stat) : DocRange{0, 0}; };
+  auto tile_seen = [&](int i) { return !docs || overlaps(kd, query_range(i)); };
+
+  // Query tiles [first, last]: from the tile of query k0 (it meets our documents: its first
+  // positions are our keys) to the window's end, then back to the last tile whose documents meet ours.
+  const int first = k0 / BM;
+  int last = (window > 0 ? imin(T - 1, k0 + kTile - 1 + window - 1) : T - 1) / BM;
+  if (docs) {
+    int mine = first;
+    for (int i = last - tid; i > first; i -= kThreads) {
+      if (tile_seen(i)) {
+        mine = i;
+        break;  // this thread's later candidates are smaller
+      }
+    }
+    last = block_extreme(slot, true, mine, first, /*is_min=*/false);
+  }
+  auto next_tile = [&](int i) {  // the next query tile to visit after i, or -1
+    for (++i; i <= last; ++i)
+      if (tile_seen(i)) return i;
+    return -1;
+  };
+  auto fetch_queries = [&](int i, int parity) {
+    const int q0 = i * BM;
+    load_tile<BM, D>(q_s + parity * L::kQBytes, qg, p.sq.t, q0, T, tid);
+    load_tile<BM, D>(do_s + parity * L::kQBytes, dog, p.sdo.t, q0, T, tid);
+    for (int r = tid; r < BM; r += kThreads) {
+      const int qi = q0 + r;
+      const bool ok = qi < T;
+      lse_s[parity * BM + r] = ok ? lse_g[qi] * kLog2e : INFINITY;  // rows past T: P = 0
+      delta_s[parity * BM + r] = ok ? delta_g[qi] : 0.f;
+      if (docs) qdocs_s[parity * BM + r] = ok ? doc[qi] : INT_MIN;
+    }
+  };
+
+  // Prologue: group 1 = K and V, group 2 = the first query tile.
+  load_tile<kTile, D>(k_s, kg, p.sk.t, k0, T, tid);
+  load_tile<kTile, D>(v_s, vg, p.sv.t, k0, T, tid);
+  cp_async_commit();
+  fetch_queries(first, 0);
+  cp_async_commit();
+
+  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;  // this thread's two key rows
+  const int kdoc0 = docs && key0 < T ? doc[key0] : -1;
+  const int kdoc1 = docs && key1 < T ? doc[key1] : -1;
+  float dk[kDB][4], dv[kDB][4];  // 16 keys x D per warp
+#pragma unroll
+  for (int j = 0; j < kDB; ++j) {
+    dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.f;
+    dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.f;
+  }
+  float* dqa = p.dq_accum + bh * p.T_pad * D;
+
+  int i = first;
+  for (int step = 0; i >= 0; ++step) {
+    const int parity = step & 1;
+    const int ni = next_tile(i);
+    // Buffer parity^1 was last read before the second barrier of the previous step: free.
+    if (ni >= 0) fetch_queries(ni, parity ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // all but the newest group (the next tile) are in: K, V and tile i
+    __syncthreads();
+    const uint32_t qt_s = q_s + parity * L::kQBytes;
+    const uint32_t dot_s = do_s + parity * L::kQBytes;
+    const float* lse_t = lse_s + parity * BM;
+    const float* delta_t = delta_s + parity * BM;
+    const int32_t* qdocs_t = qdocs_s + parity * BM;
+
+    float s[kQB][4], dp[kQB][4];  // S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp
+#pragma unroll
+    for (int j = 0; j < kQB; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+    }
+#pragma unroll
+    for (int kd16 = 0; kd16 < D / 16; ++kd16) {
+      uint32_t ak[4], av[4];
+      load_a(ak, k_s, P, warp * 16, kd16 * 16, lane);
+      load_a(av, v_s, P, warp * 16, kd16 * 16, lane);
+#pragma unroll
+      for (int np = 0; np < kQB / 2; ++np) {
+        uint32_t bf[4];
+        load_b_nk(bf, qt_s, P, np * 16, kd16 * 16, lane);
+        mma_bf16(s[2 * np], ak, bf[0], bf[1]);
+        mma_bf16(s[2 * np + 1], ak, bf[2], bf[3]);
+        load_b_nk(bf, dot_s, P, np * 16, kd16 * 16, lane);
+        mma_bf16(dp[2 * np], av, bf[0], bf[1]);
+        mma_bf16(dp[2 * np + 1], av, bf[2], bf[3]);
+      }
+    }
+
+    // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp), element by element.
+    const int q0 = i * BM;
+    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, query_range(i), kd);
+#pragma unroll
+    for (int j = 0; j < kQB; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = j * 8 + t4 * 2 + (e & 1);  // query column within the tile
+        float pv = exp2f(s[j][e] * p.scale_log2 - lse_t[qc]);
+        if (!full) {
+          const bool ok = e < 2 ? visible(q0 + qc, key0, T, window, docs, docs ? qdocs_t[qc] : 0, kdoc0)
+                                : visible(q0 + qc, key1, T, window, docs, docs ? qdocs_t[qc] : 0, kdoc1);
+          if (!ok) pv = 0.f;
+        }
+        s[j][e] = pv;
+        dp[j][e] = pv * (dp[j][e] - delta_t[qc]);
+      }
+    }
+
+#pragma unroll
+    for (int ks = 0; ks < BM / 16; ++ks) {  // dV += P^T dO, dK += dS^T Q: 16 queries per k-step
+      uint32_t ap[4], ad[4];
+      acc_to_a(ap, s[2 * ks], s[2 * ks + 1]);
+      acc_to_a(ad, dp[2 * ks], dp[2 * ks + 1]);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t bf[4];
+        load_b_kn(bf, dot_s, P, ks * 16, dn * 16, lane);
+        mma_bf16(dv[2 * dn], ap, bf[0], bf[1]);
+        mma_bf16(dv[2 * dn + 1], ap, bf[2], bf[3]);
+        load_b_kn(bf, qt_s, P, ks * 16, dn * 16, lane);
+        mma_bf16(dk[2 * dn], ad, bf[0], bf[1]);
+        mma_bf16(dk[2 * dn + 1], ad, bf[2], bf[3]);
+      }
+    }
+
+    // dS^T as bf16 into shared memory: this warp's 16 key rows, BM query columns.
+#pragma unroll
+    for (int j = 0; j < kQB; ++j) {
+      uint16_t* r0 = ds_w + (warp * 16 + g) * PS + j * 8 + t4 * 2;
+      *reinterpret_cast<uint32_t*>(r0) = pack_bf16(dp[j][0], dp[j][1]);
+      *reinterpret_cast<uint32_t*>(r0 + 8 * PS) = pack_bf16(dp[j][2], dp[j][3]);
+    }
+    __syncthreads();  // dS^T complete; the query buffers of this parity are no longer read
+
+    // dQ(tile) += dS K: warp (wm, wn) takes query rows 16 wm.. and head dims kDQCols wn..
+    const int wm = warp % kWM, wn = warp / kWM;
+    float dq[kDQB][4];
+#pragma unroll
+    for (int j = 0; j < kDQB; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kTile / 16; ++ks) {  // 16 keys per k-step
+      uint32_t a[4];
+      load_a_t(a, ds_s, PS, wm * 16, ks * 16, lane);
+#pragma unroll
+      for (int np = 0; np < kDQB / 2; ++np) {
+        uint32_t bf[4];
+        load_b_kn(bf, k_s, P, ks * 16, wn * kDQCols + np * 16, lane);
+        mma_bf16(dq[2 * np], a, bf[0], bf[1]);
+        mma_bf16(dq[2 * np + 1], a, bf[2], bf[3]);
+      }
+    }
+    // Fragment-order dq_accum: block (16-query row q16, 8-dim column n) at (q16 * D/8 + n) * 128.
+    float* blk = dqa + (static_cast<int64_t>((q0 + wm * 16) / 16) * (D / 8) + wn * kDQCols / 8) * 128;
+#pragma unroll
+    for (int j = 0; j < kDQB; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) atomic_add_f32(blk + j * 128 + c * 32 + lane, dq[j][c]);
+    }
+    // No barrier here: the next writes to ds_s come after the next step's first barrier, and the
+    // next fetch targets the other query buffer.
+    i = ni;
+  }
+  cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
+
+  uint16_t* dkg = p.dk + bh * T * D;
+  uint16_t* dvg = p.dv + bh * T * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key0 : key1;
+    if (key >= T) continue;
+#pragma unroll
+    for (int j = 0; j < kDB; ++j) {
+      const int64_t at = static_cast<int64_t>(key) * D + j * 8 + t4 * 2;
+      *reinterpret_cast<uint32_t*>(dkg + at) = pack_bf16(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvg + at) = pack_bf16(dv[j][2 * r], dv[j][2 * r + 1]);
+    }
+  }
+}
+
+// dq (B, H, T, D) bf16 = scale * dq_accum, read back from the fragment order; two dims per thread.
+template <int D>
+__global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
+  const int64_t n = static_cast<int64_t>(p.B) * p.H * p.T * (D / 2);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % (D / 2)) * 2;
+    const int64_t row = i / (D / 2);  // over B * H * T
+    const int t = static_cast<int>(row % p.T);
+    const int64_t bh = row / p.T;
+    const float* blk = p.dq_accum + bh * p.T_pad * D + (static_cast<int64_t>(t >> 4) * (D / 8) + (d >> 3)) * 128;
+    const int r = t & 15;
+    const int lane = (r & 7) * 4 + ((d & 7) >> 1);  // groupID = row % 8, threadID_in_group = column / 2
+    const int c = (r >> 3) * 2;                     // c0/c1 for rows 0-7, c2/c3 for rows 8-15
+    *reinterpret_cast<uint32_t*>(p.dq + row * D + d) =
+        pack_bf16(blk[c * 32 + lane] * p.scale, blk[(c + 1) * 32 + lane] * p.scale);
+  }
+}
+
+// The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D), contiguous.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& doc_ids, int64_t window,
+    bool sink, double scale) {
+  constexpr const char* op = "attention_bwd_cuda";
+  (void)sink;  // the forward's lse already holds the sink's share of every denominator
+  check_qkv(q_in, k_in, v_in, op);
+  TORCH_CHECK(dout_in.sizes() == q_in.sizes() && out_in.sizes() == q_in.sizes(), op,
+              ": dout and out must have the shape of q ", q_in.sizes(), ", got ", dout_in.sizes(), " and ",
+              out_in.sizes());
+  TORCH_CHECK(dout_in.scalar_type() == at::kBFloat16 && out_in.scalar_type() == at::kBFloat16, op,
+              ": dout and out must be bfloat16");
+  TORCH_CHECK(dout_in.device() == q_in.device() && out_in.device() == q_in.device() && lse_in.device() == q_in.device(),
+              op, ": dout, out and lse must be on the device of q");
+  TORCH_CHECK(lse_in.dim() == 3 && lse_in.size(0) == q_in.size(0) && lse_in.size(1) == q_in.size(1) &&
+                  lse_in.size(2) == q_in.size(2) && lse_in.scalar_type() == at::kFloat,
+              op, ": lse must be float32 (B, H, T), got ", lse_in.scalar_type(), " ", lse_in.sizes());
+  TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite");
+  const DeviceScope scope(q_in);
+  const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
+  const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
+  at::Tensor dq = at::empty({B, H, T, D}, q_in.options());
+  at::Tensor dk = at::empty({B, H, T, D}, q_in.options());
+  at::Tensor dv = at::empty({B, H, T, D}, q_in.options());
+  const at::Tensor docs = prepare_docs(doc_ids, q_in, op);
+  if (dq.numel() == 0) return {dq, dk, dv};
+  const at::Tensor q = kernel_layout(q_in), k = kernel_layout(k_in), v = kernel_layout(v_in);
+  const at::Tensor out = kernel_layout(out_in), dout = kernel_layout(dout_in);
+  const at::Tensor lse = lse_in.contiguous();
+  const int n_tiles = (T + kTile - 1) / kTile;
+  at::Tensor delta = at::empty({B, H, T}, lse.options());
+  at::Tensor dq_accum = at::zeros({B, H, static_cast<int64_t>(n_tiles) * kTile, D}, lse.options());
+
+  BwdParams p{};
+  p.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
+  p.k = reinterpret_cast<const uint16_t*>(k.data_ptr());
+  p.v = reinterpret_cast<const uint16_t*>(v.data_ptr());
+  p.o = reinterpret_cast<const uint16_t*>(out.data_ptr());
+  p.dout = reinterpret_cast<const uint16_t*>(dout.data_ptr());
+  p.sq = strides_of(q);
+  p.sk = strides_of(k);
+  p.sv = strides_of(v);
+  p.so = strides_of(out);
+  p.sdo = strides_of(dout);
+  p.lse = lse.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.dq = reinterpret_cast<uint16_t*>(dq.data_ptr());
+  p.dk = reinterpret_cast<uint16_t*>(dk.data_ptr());
+  p.dv = reinterpret_cast<uint16_t*>(dv.data_ptr());
+  p.B = B, p.H = H, p.T = T, p.D = D;
+  p.T_pad = n_tiles * kTile;
+  p.window = normalised_window(window, T);
+  p.n_stat = (T + kStatTile - 1) / kStatTile;
+  p.scale = static_cast<float>(scale);
+  p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  DocStats stats;
+  if (docs.defined()) {
+    stats = doc_stats(docs, B, T, p.n_stat);
+    p.doc = docs.data_ptr<int32_t>();
+    p.doc_min = stats.dmin.data_ptr<int32_t>();
+    p.doc_max = stats.dmax.data_ptr<int32_t>();
+  }
+  const int64_t rows = static_cast<int64_t>(B) * H * T;
+  const int64_t delta_blocks = (rows + kWarps - 1) / kWarps;
+  TORCH_CHECK(delta_blocks <= INT_MAX, op, ": too many rows");
+  const dim3 grid(n_tiles, H, B);
+  const int64_t dq_blocks = std::min<int64_t>((rows * (D / 2) + 255) / 256, int64_t{1} << 20);
+  if (D == 64) {
+    launch_kernel(attention_bwd_delta_kernel<64>, dim3(delta_blocks), dim3(kThreads), 0, p);
+    launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, p);
+    launch_kernel(attention_bwd_dq_kernel<64>, dim3(dq_blocks), dim3(256), 0, p);
+  } else {
+    launch_kernel(attention_bwd_delta_kernel<128>, dim3(delta_blocks), dim3(kThreads), 0, p);
+    launch_kernel(attention_bwd_kernel<128>, grid, dim3(kThreads), BwdLayout<128>::kBytes, p);
+    launch_kernel(attention_bwd_dq_kernel<128>, dim3(dq_blocks), dim3(256), 0, p);
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace
+}  // namespace tscale::attn

@@ -1,0 +1,105 @@
+// The CUDA backend of the attention kernels: warp primitives as inline PTX (sm_80+), and the host launch helpers.
+//
+// The same names are defined for the CPU emulator in tests/attention_emu/emu_backend.h; the
+// kernels use nothing else that differs between the two builds.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#define TSCALE_ATTN_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+
+namespace tscale::attn {
+namespace {
+
+// The 32-bit shared-state-space address of a pointer into shared memory (kernels keep tile
+// addresses in this form, so a fragment's address is a per-thread base plus a constant).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 bf16 matrices from shared memory (row addresses from lanes 8m..8m+7).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// The same, each matrix transposed on the way.
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d (16x8 fp32) += A (16x16 bf16, row) * B (16x8 bf16, col).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared, asynchronous; src_bytes 0 zero-fills the destination without reading.
+__device__ __forceinline__ void cp_async_16(uint32_t addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Two floats as bf16x2 (round to nearest even): `lo` in the low half, the lower column of a pair.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float bf16_to_float(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
+
+__device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+
+__device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_min_shared(int* p, int v) { atomicMin(p, v); }
+__device__ __forceinline__ void atomic_max_shared(int* p, int v) { atomicMax(p, v); }
+
+// ---- host side ----
+
+inline void check_device(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor");
+}
+
+struct DeviceScope {
+  explicit DeviceScope(const at::Tensor& t) : guard(t.device()) {}
+  c10::cuda::CUDAGuard guard;
+};
+
+// Launches kernel<<<grid, block, smem>>> on the current stream; raises the dynamic shared-memory
+// limit first when the kernel needs more than the default 48 KiB.
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  kernel<<<grid, block, smem, c10::cuda::getCurrentCUDAStream()>>>(std::forward<Args>(args)...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace tscale::attn

@@ -1,0 +1,77 @@
+// Host-side checks and preparation shared by the attention forward and backward entries.
+//
+// Included after a backend (attention_cuda_backend.cuh, or the CPU emulator's), which provides
+// check_device, DeviceScope and launch_kernel.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <climits>
+#include <cstdint>
+#include <optional>
+
+#include "attention_common.cuh"
+
+namespace tscale::attn {
+namespace {
+
+// q, k, v: bf16 (B, H, T, D) of one shape, D 64 or 128, on one device.
+inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* op) {
+  TORCH_CHECK(q.dim() == 4, op, ": q must be (B, H, T, D), got ", q.dim(), "-D");
+  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), op,
+              ": q, k and v must have one shape (B, H, T, D) (the kernel serves Tq == Tk), got q ", q.sizes(),
+              ", k ", k.sizes(), ", v ", v.sizes());
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16, op, ": q, k and v must be bfloat16, got ", t->scalar_type());
+    check_device(*t, op, "q, k and v");
+    TORCH_CHECK(t->device() == q.device(), op, ": q, k and v must be on one device");
+  }
+  const int64_t D = q.size(3);
+  TORCH_CHECK(D == 64 || D == 128, op, ": head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(q.size(2) < (int64_t{1} << 30), op, ": sequence length ", q.size(2), " is too long");
+  TORCH_CHECK(q.size(1) <= 65535 && q.size(0) <= 65535, op, ": B and H must be at most 65535");
+}
+
+// The same tensor when its last dimension is contiguous and every row starts 16-byte aligned
+// (what the 16-byte cp.async loads need), else a contiguous copy.
+inline at::Tensor kernel_layout(const at::Tensor& t) {
+  const bool ok = t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  at::Tensor r = ok ? t : t.clone(at::MemoryFormat::Contiguous);
+  TORCH_CHECK(r.stride(3) == 1 && r.stride(2) % 8 == 0 && reinterpret_cast<uintptr_t>(r.data_ptr()) % 16 == 0,
+              "attention: internal error, tensor layout unusable by the kernel");
+  return r;
+}
+
+inline Strides strides_of(const at::Tensor& t) { return Strides{t.stride(0), t.stride(1), t.stride(2)}; }
+
+// The window as the kernels take it: 0 (no limit) for window <= 0 or window >= T, where it hides nothing.
+inline int normalised_window(int64_t window, int64_t T) { return (window <= 0 || window >= T) ? 0 : static_cast<int>(window); }
+
+// doc_ids (B, T) int32 -> contiguous; nullopt or undefined -> undefined tensor.
+inline at::Tensor prepare_docs(const std::optional<at::Tensor>& doc_ids, const at::Tensor& q, const char* op) {
+  if (!doc_ids.has_value() || !doc_ids->defined()) return at::Tensor();
+  const at::Tensor& d = *doc_ids;
+  TORCH_CHECK(d.dim() == 2 && d.size(0) == q.size(0) && d.size(1) == q.size(2), op, ": doc_ids must be (B, T) = (",
+              q.size(0), ", ", q.size(2), "), got ", d.sizes());
+  TORCH_CHECK(d.scalar_type() == at::kInt, op, ": doc_ids must be int32, got ", d.scalar_type());
+  TORCH_CHECK(d.device() == q.device(), op, ": doc_ids must be on the device of q");
+  return d.contiguous();
+}
+
+// Per-32-position min / max document ids, (B, n_stat) each, for the tile-skipping tests.
+struct DocStats {
+  at::Tensor dmin, dmax;
+};
+
+inline DocStats doc_stats(const at::Tensor& docs, int B, int T, int n_stat) {
+  DocStats s{at::empty({B, n_stat}, docs.options()), at::empty({B, n_stat}, docs.options())};
+  const int64_t n = static_cast<int64_t>(B) * n_stat;
+  const int threads = 256;
+  launch_kernel(doc_stats_kernel, dim3(static_cast<unsigned>((n + threads - 1) / threads)), dim3(threads), 0,
+                docs.data_ptr<int32_t>(), s.dmin.data_ptr<int32_t>(), s.dmax.data_ptr<int32_t>(), B, T, n_stat);
+  return s;
+}
+
+}  // namespace
+}  // namespace tscale::attn

@@ -1,0 +1,36 @@
+// The fused attention kernels of csrc/attention, compiled for the CPU emulator (tests only).
+//
+// fwd / bwd take CPU tensors and run the very kernel source of the CUDA build, thread by thread;
+// tests/test_attention_kernel.py builds this with torch.utils.cpp_extension.load and compares
+// it with attention_reference.
+#include <torch/extension.h>
+
+#include "emu_backend.h"
+
+#include "attention_bwd.cuh"
+#include "attention_fwd.cuh"
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
+                                       double scale) {
+  return tscale::attn::attention_fwd_host(q, k, v, doc_ids, window, sink, scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                   const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
+                                                   double scale) {
+  return tscale::attn::attention_bwd_host(dout, q, k, v, out, lse, doc_ids, window, sink, scale);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fwd", &fwd);
+  m.def("bwd", &bwd);
+  m.def("set_seed", [](uint64_t seed) { emu::rt().rng.seed(seed); });
+  m.def("set_copy_mode", [](int mode) { emu::rt().copy_mode = mode; });
+  m.def("switches", [] { return emu::rt().switches; });
+}

@@ -1,0 +1,206 @@
+// A small SIMT emulator for testing CUDA kernels on a CPU: one block at a time, one fiber per thread.
+//
+// Fibers (ucontext) switch only at synchronisation points: __syncthreads and warp collectives
+// (ldmatrix, mma, shuffles), where the waiting fiber yields. The scheduler resumes a random ready
+// fiber each time, so warps drift apart in random orders and a missing barrier shows up as stale
+// data. cp.async copies complete at issue or at the wait that retires them (copy_mode: random per
+// copy, all early, all late), the two ends of what hardware allows: early completion exposes a
+// buffer refilled while another warp still reads it, late completion a read before the wait.
+// Shared memory starts every block filled with 0xFF bytes (NaN as bf16 and fp32). A collective
+// runs when the 32nd lane of a warp arrives; a barrier opens when every live thread has arrived.
+// Errors (divergent collectives, deadlocks, bad addresses) stop the block and are raised from
+// launch() as std::runtime_error, never thrown across fiber stacks.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+enum class State { kReady, kBarrier, kWarp, kDone };
+
+struct Fiber {
+  ucontext_t ctx{};
+  std::unique_ptr<char[]> stack;
+  State state = State::kReady;
+  Dim3 tid;
+  int linear = 0;
+  const void* in = nullptr;  // this lane's operand of the current warp collective
+  void* out = nullptr;       // where its result goes
+  std::vector<std::function<void()>> open_copies;                 // cp.async not yet committed
+  std::vector<std::vector<std::function<void()>>> groups;         // committed groups, oldest first
+};
+
+struct WarpSlot {
+  int arrived = 0;
+  int op = -1;
+  Fiber* lanes[32] = {};
+};
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Runtime {
+  Dim3 grid, block, block_idx;
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<WarpSlot> warps;
+  Fiber* current = nullptr;
+  ucontext_t scheduler{};
+  unsigned char* smem = nullptr;  // 16-byte aligned
+  size_t smem_bytes = 0;
+  std::unique_ptr<unsigned char[]> smem_store;
+  int alive = 0, at_barrier = 0;
+  std::function<void()> body;
+  std::mt19937_64 rng{12345};
+  std::string error;
+  uint64_t switches = 0;
+  int copy_mode = 0;  // cp.async completion: 0 random per copy, 1 at issue (early), 2 at the retiring wait (late)
+};
+
+inline Runtime& rt() {
+  static Runtime r;
+  return r;
+}
+
+inline void yield() {
+  Runtime& r = rt();
+  ++r.switches;
+  swapcontext(&r.current->ctx, &r.scheduler);
+}
+
+// Records the first error and parks this fiber for good; the scheduler then abandons the block.
+[[noreturn]] inline void fail(const std::string& what) {
+  Runtime& r = rt();
+  if (r.error.empty()) r.error = what;
+  r.current->state = State::kDone;
+  for (;;) swapcontext(&r.current->ctx, &r.scheduler);
+}
+
+inline void fiber_main() {
+  Runtime& r = rt();
+  r.body();
+  Fiber* f = r.current;
+  if (!f->open_copies.empty() || !f->groups.empty()) fail("a thread exited with cp.async copies in flight");
+  f->state = State::kDone;
+  --r.alive;
+  if (r.at_barrier > 0 && r.at_barrier == r.alive) fail("a thread exited while others wait at __syncthreads");
+  // returning resumes uc_link, the scheduler
+}
+
+inline void syncthreads() {
+  Runtime& r = rt();
+  r.current->state = State::kBarrier;
+  if (++r.at_barrier == r.alive) {
+    for (auto& f : r.fibers)
+      if (f->state == State::kBarrier) f->state = State::kReady;
+    r.at_barrier = 0;
+  }
+  yield();
+}
+
+// A warp-wide operation: every lane deposits `in` / `out`; the last to arrive runs compute(lanes).
+template <typename F>
+inline void collective(int op, const void* in, void* out, F&& compute) {
+  Runtime& r = rt();
+  Fiber* f = r.current;
+  WarpSlot& w = r.warps[f->linear / 32];
+  if (w.arrived == 0) {
+    w.op = op;
+  } else if (w.op != op) {
+    fail("divergent warp collective (lanes of one warp at different warp-wide instructions)");
+  }
+  f->in = in;
+  f->out = out;
+  w.lanes[f->linear % 32] = f;
+  if (++w.arrived == 32) {
+    compute(w.lanes);
+    w.arrived = 0;
+    for (Fiber* l : w.lanes) l->state = State::kReady;
+  } else {
+    f->state = State::kWarp;
+  }
+  yield();
+}
+
+inline void run_block(size_t smem_bytes) {
+  Runtime& r = rt();
+  const int n = static_cast<int>(r.block.x * r.block.y * r.block.z);
+  std::memset(r.smem, 0xFF, smem_bytes);
+  r.smem_bytes = smem_bytes;
+  r.alive = n;
+  r.at_barrier = 0;
+  for (auto& w : r.warps) w = WarpSlot{};
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = *r.fibers[i];
+    f.state = State::kReady;
+    f.linear = i;
+    f.tid = Dim3{static_cast<unsigned>(i % r.block.x), static_cast<unsigned>(i / r.block.x % r.block.y),
+                 static_cast<unsigned>(i / (r.block.x * r.block.y))};
+    f.open_copies.clear();
+    f.groups.clear();
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = &r.scheduler;
+    makecontext(&f.ctx, fiber_main, 0);
+  }
+  std::vector<Fiber*> ready;
+  ready.reserve(n);
+  while (r.error.empty()) {
+    ready.clear();
+    for (int i = 0; i < n; ++i)
+      if (r.fibers[i]->state == State::kReady) ready.push_back(r.fibers[i].get());
+    if (ready.empty()) {
+      if (r.alive != 0) r.error = "deadlock: threads wait at a barrier or warp collective that the others never reach";
+      break;
+    }
+    r.current = ready[r.rng() % ready.size()];
+    swapcontext(&r.scheduler, &r.current->ctx);
+  }
+  r.current = nullptr;
+}
+
+// Runs body() as a kernel: grid x block threads, smem_bytes of dynamic shared memory.
+inline void launch(Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void()> body) {
+  Runtime& r = rt();
+  const unsigned n = block.x * block.y * block.z;
+  if (n == 0 || n % 32 != 0 || n > 1024) throw std::runtime_error("emu: block size must be a multiple of 32, at most 1024");
+  while (r.fibers.size() < n) {
+    auto f = std::make_unique<Fiber>();
+    f->stack = std::make_unique<char[]>(kStackBytes);
+    r.fibers.push_back(std::move(f));
+  }
+  r.warps.assign(n / 32, WarpSlot{});
+  r.smem_store = std::make_unique<unsigned char[]>(smem_bytes + 32);
+  r.smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(r.smem_store.get()) + 15) & ~uintptr_t{15});
+  r.grid = grid;
+  r.block = block;
+  r.body = std::move(body);
+  r.error.clear();
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        r.block_idx = Dim3{x, y, z};
+        run_block(smem_bytes);
+        if (!r.error.empty()) {
+          const std::string e = "emu: block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
+                                std::to_string(z) + "): " + r.error;
+          r.error.clear();
+          throw std::runtime_error(e);
+        }
+      }
+}
+
+}  // namespace emu

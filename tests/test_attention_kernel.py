@@ -1,0 +1,299 @@
+"""The fused attention kernel (csrc/attention) against attention_reference, on a GPU and through a CPU emulator.
+
+* GPU tests (marked cuda; skipped without a GPU or without tscale._C's CUDA kernels) compare the
+  forward output and dq/dk/dv with attention_reference on random bf16 data: head dims 64 and 128,
+  windows 0/1/16/128/300, document layouts (none, one, random lengths, many of length 1, every
+  token its own), sink on and off, T from 1 to 2048 (multiples of the 64-tile and not), strided
+  inputs like the model's, and the path `attention` picks.
+* Emulator tests build tests/attention_emu (the same kernel source run on CPU fibers, one per
+  CUDA thread, with ldmatrix / mma / cp.async emulated as the PTX ISA describes them; about a
+  minute of compiling, cached by torch) and check the kernels on small cases, including the
+  custom op's autograd, fake tensors and torch.compile. TSCALE_SKIP_EMU=1 skips them.
+* Plain CPU tests cover the path selection of tscale.ops.attention.
+Tolerances: bf16 output and gradients within 2.5% of the largest reference value (+1e-3); the
+kernel rounds P and dS to bf16 for the tensor cores, as FlashAttention does.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tscale.ops.attention import (_kernel_op, attention, attention_kernel, attention_path, attention_reference,
+                                  kernel_unusable_reason)
+from tscale.ops.backend import cuda_kernels_available, kernels_available
+
+REPO = Path(__file__).resolve().parents[1]
+TOL = 2.5e-2
+
+needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_kernels_available()),
+                                  reason="needs a CUDA GPU and tscale._C built with its CUDA kernels")
+needs_sm80 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0),
+                                reason="the kernel needs sm_80 or newer")
+
+
+def _docs(B: int, T: int, layout: str, g: torch.Generator) -> torch.Tensor | None:
+    if layout == "none":
+        return None
+    if layout == "one":
+        return torch.zeros(B, T, dtype=torch.long)
+    if layout == "each":  # every token its own document
+        return torch.arange(T).expand(B, T).clone()
+    p = {"random": 0.02, "short": 0.5}[layout]  # "short": mostly documents of length 1 or 2
+    return (torch.rand(B, T, generator=g) < p).long().cumsum(1)
+
+
+def _case(B, H, T, D, layout, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(torch.bfloat16) for _ in range(4))
+    docs = _docs(B, T, layout, g)
+    move = (lambda t: t.to(device)) if device != "cpu" else (lambda t: t)
+    return move(q), move(k), move(v), move(do), (move(docs) if docs is not None else None)
+
+
+def _reference(q, k, v, do, **kw):
+    """attention_reference in float32 from the same bf16 values: output and dq, dk, dv."""
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    out = attention_reference(*leaves, **kw)
+    return (out.detach(), *torch.autograd.grad(out, leaves, do.float()))
+
+
+def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = TOL) -> None:
+    got = got.float()
+    assert torch.isfinite(got).all(), f"{name}: not finite"
+    err = (got - want).abs().max().item()
+    bound = tol * want.abs().max().item() + 1e-3
+    assert err <= bound, f"{name}: max error {err:.4g} > {bound:.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+
+def _check_kernel(q, k, v, do, docs, window, sink, scale=None):
+    D = q.shape[-1]
+    kw = dict(window=window, doc_ids=docs, sink=sink, scale=scale if scale is not None else D ** -0.5)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = attention_kernel(*leaves, **kw)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    grads = torch.autograd.grad(out, leaves, do)
+    want = _reference(q, k, v, do, **kw)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
+        _assert_close(name, a, b)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("layout", ["none", "one", "random", "short", "each"])
+@pytest.mark.parametrize("window", [0, 1, 16, 128, 300])
+@pytest.mark.parametrize("D", [64, 128])
+def test_kernel_matches_reference(D, window, layout, sink):
+    _check_kernel(*_case(2, 3, 333, D, layout, seed=window, device="cuda"), window=window, sink=sink)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
+                                   (2, 4, 2048)])
+def test_kernel_shapes(B, H, T, D):
+    case = _case(B, H, T, D, "random", seed=T, device="cuda")
+    _check_kernel(*case, window=128, sink=True)
+    _check_kernel(*case[:4], None, window=0, sink=False)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
+def test_kernel_strided_inputs_and_int64_docs():
+    """The model passes q, k, v as (B, T, H, D) views transposed to (B, H, T, D), and int64 document ids."""
+    B, H, T, D = 2, 6, 300, 128
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16).cuda()
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, T, D), not contiguous
+    assert not q.is_contiguous()
+    do = torch.randn(B, T, H, D, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
+    docs = _docs(B, T, "random", g).cuda()
+    _check_kernel(q, k, v, do, docs, window=128, sink=True)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
+@pytest.mark.parametrize("sink", [False, True])
+def test_lonely_rows_are_finite(sink):
+    """Every query sees itself, so no row is ever empty; the nearest cases are a query whose only key is
+    itself (window 1, or documents of length 1) and, with the sink, logits so negative that every key's
+    weight underflows: outputs are finite, and ~0 in the second case."""
+    q, k, v, do, _ = _case(1, 2, 130, 64, "none", device="cuda")
+    docs = torch.arange(130, device="cuda").expand(1, 130)
+    for kw in (dict(window=1, doc_ids=None), dict(window=0, doc_ids=docs)):
+        out = attention_kernel(q, k, v, sink=sink, scale=0.125, **kw)
+        want = attention_reference(q.float(), k.float(), v.float(), sink=sink, scale=0.125, **kw)
+        _assert_close("out", out, want)
+        if not sink:
+            torch.testing.assert_close(out, v)  # softmax over one key: that key's value
+    qb = torch.ones_like(q) * 8
+    kb = -torch.ones_like(k) * 8  # logits q.k * scale = 64 * (-64) * 0.125 = -512: every exp underflows to 0
+    out = attention_kernel(qb, kb, v, window=0, doc_ids=None, sink=True, scale=0.125)
+    assert torch.isfinite(out).all() and out.abs().max().item() == 0.0
+    _check_kernel(qb, kb, v, do, None, window=16, sink=True, scale=0.125)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
+def test_attention_picks_the_kernel_and_compiles():
+    q, k, v, do, docs = _case(2, 2, 96, 128, "random", device="cuda")
+    assert attention_path(q, k, v) == "kernel"
+    assert attention_path(q.float(), k.float(), v.float()) == "flex"
+    assert attention_path(q[:, :, -3:], k, v) == "reference"  # cached decoding
+    with pytest.raises(ValueError, match="bfloat16"):
+        attention_path(q.float(), k.float(), v.float(), impl="kernel")
+    kw = dict(window=16, doc_ids=docs, sink=True, scale=128 ** -0.5)
+
+    def fn(a, b, c):
+        return attention(a, b, c, **kw)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(*leaves)
+    grads = torch.autograd.grad(out, leaves, do)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), _reference(q, k, v, do, **kw)):
+        _assert_close(name, a, b)
+    torch.library.opcheck(_kernel_op, (q, k, v, docs.int(), 16, True, 128 ** -0.5),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Emulator (CPU)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def emu():
+    if os.environ.get("TSCALE_SKIP_EMU") == "1":
+        pytest.skip("TSCALE_SKIP_EMU=1")
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError:
+        pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
+    emu_dir = REPO / "tests" / "attention_emu"
+    return cpp_extension.load(name="tscale_attention_emu", sources=[str(emu_dir / "attention_emu.cpp")],
+                              extra_include_paths=[str(REPO / "csrc" / "attention"), str(emu_dir)],
+                              extra_cflags=["-O2"], verbose=False)
+
+
+EMU_CASES = [  # B, H, T, D, window, layout, sink
+    (1, 2, 130, 64, 16, "random", True),
+    (2, 1, 200, 128, 0, "short", False),
+    (1, 1, 100, 128, 1, "each", True),
+    (1, 1, 257, 64, 128, "none", False),
+    (1, 1, 150, 128, 300, "one", True),
+    (1, 1, 1, 64, 0, "none", True),
+]
+
+
+@pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
+@pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_kernel_matches_reference(emu, case, copy_mode):
+    B, H, T, D, window, layout, sink = case
+    emu.set_seed(T + copy_mode)
+    emu.set_copy_mode(copy_mode)
+    q, k, v, do, docs = _case(B, H, T, D, layout, seed=T)
+    docs32 = docs.int() if docs is not None else None
+    kw = dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
+    out, lse = emu.fwd(q, k, v, docs32, window, sink, D ** -0.5)
+    dq, dk, dv = emu.bwd(do, q, k, v, out, lse, docs32, window, sink, D ** -0.5)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), _reference(q, k, v, do, **kw)):
+        _assert_close(name, a, b)
+
+
+def test_emulated_kernel_strided_inputs(emu):
+    """(B, T, H, D) storage seen as (B, H, T, D), with NaN-filled neighbours: a stray read would show."""
+    emu.set_copy_mode(0)
+    B, H, T, D = 1, 2, 70, 64
+    g = torch.Generator().manual_seed(1)
+    store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
+    store[:, :, :3] = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
+    q, k, v = (store[:, :, i].transpose(1, 2) for i in range(3))
+    do = torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+    out, lse = emu.fwd(q, k, v, None, 0, True, 0.125)
+    grads = emu.bwd(do, q, k, v, out, lse, None, 0, True, 0.125)
+    want = _reference(q, k, v, do, window=0, doc_ids=None, sink=True, scale=0.125)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
+        _assert_close(name, a, b)
+
+
+@pytest.fixture
+def emulated_op(emu):
+    """The emulator as the CPU kernel of tscale::attention_fwd_cuda / attention_bwd_cuda, for this test only."""
+    if not kernels_available():
+        pytest.skip("tscale._C is not built (the op schemas live there)")
+    lib = torch.library.Library("tscale", "IMPL")
+    lib.impl("attention_fwd_cuda", lambda *a: emu.fwd(*a), "CPU")
+    lib.impl("attention_bwd_cuda", lambda *a: emu.bwd(*a), "CPU")
+    emu.set_copy_mode(0)
+    yield
+    lib._destroy()
+
+
+def test_kernel_custom_op_autograd_fake_and_compile(emulated_op):
+    q, k, v, do, docs = _case(1, 2, 80, 64, "random", seed=3)
+    kw = dict(window=9, doc_ids=docs, sink=True, scale=0.125)
+    want = _reference(q, k, v, do, **kw)
+
+    def fn(a, b, c):
+        return attention_kernel(a, b, c, **kw)
+
+    for run in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = run(*leaves)
+        grads = torch.autograd.grad(out, leaves, do)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
+            _assert_close(name, a, b)
+    torch.library.opcheck(_kernel_op, (q, k, v, docs.int(), 9, True, 0.125),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Path selection (CPU)
+# ---------------------------------------------------------------------------------------------
+
+def test_path_selection_on_cpu(monkeypatch):
+    q, k, v, _, docs = _case(1, 2, 40, 64, "random")
+    monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
+    assert attention_path(q, k, v) == "reference"
+    assert "not CUDA" in kernel_unusable_reason(q, k, v)
+    with pytest.raises(ValueError, match="not CUDA"):
+        attention(q, k, v, window=4, doc_ids=docs, sink=True, scale=0.1, impl="kernel")
+    with pytest.raises(ValueError, match="unknown path"):
+        attention_path(q, k, v, impl="fast")
+    monkeypatch.setenv("TSCALE_ATTENTION", "flex")
+    assert attention_path(q, k, v) == "flex"
+    assert attention_path(q, k, v, impl="reference") == "reference"  # the argument wins over the environment
+    monkeypatch.setenv("TSCALE_ATTENTION", "kernel")
+    with pytest.raises(ValueError, match="fused kernel"):
+        attention_path(q, k, v)
+
+
+def test_forced_paths_agree_on_cpu(monkeypatch):
+    monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
+    q, k, v, _, docs = _case(2, 2, 50, 64, "random", seed=4)
+    q, k, v = q.float(), k.float(), v.float()
+    kw = dict(window=7, doc_ids=docs, sink=True, scale=0.2)
+    want = attention_reference(q, k, v, **kw)
+    for impl in ("flex", "reference"):
+        torch.testing.assert_close(attention(q, k, v, impl=impl, **kw), want, atol=2e-5, rtol=1e-4)
+
+
+def test_kernel_ops_have_schemas_and_no_cpu_kernel():
+    if not kernels_available():
+        pytest.skip("tscale._C is not built")
+    q, k, v, _, _ = _case(1, 1, 8, 64, "none")  # attention has CUDA kernels only
+    with pytest.raises(NotImplementedError):
+        torch.ops.tscale.attention_fwd_cuda(q, k, v, None, 0, True, 0.1)
