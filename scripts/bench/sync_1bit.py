@@ -30,7 +30,7 @@ from common import REPO, write_record  # noqa: E402
 NETNS = REPO / "scripts" / "bench" / "netns_1gbit.sh"
 MODEL = ['model.arch="gpt2"', "model.n_layer=9", "model.d_model=640", "model.n_head=10", "model.seq_len=64",
          "train.batch_size=1", "optim.lr=6e-4", "optim.warmup_steps=20", "train.ckpt_every=0",
-         'train.device="cpu"', 'train.dtype="float32"']
+         'train.device="cpu"']
 ONEBIT = ['dist.compression="onebit"', 'dist.onebit_what="momentum"', "dist.chunk=2048"]
 
 
@@ -40,10 +40,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, tokens: Path, out: Path, overrides: list[str], netns: bool, threads: int) -> list[dict]:
-    """One `tscale train` per rank (in namespaces ts1b-h<rank> when `netns`); rank 0's metrics records."""
+def launch(world: int, tokens: Path, out: Path, overrides: list[str], netns: bool, threads: int,
+           dtype: str) -> list[dict]:
+    """One `tscale train` per rank (in namespaces ts1b-h<rank> when `netns`); rank 0's metrics records.
+
+    `dtype` is the compute precision (CPU autocast); weights, gradients and the exchange are float32.
+    """
     port = free_port() if not netns else 29577
-    sets = [a for s in [*MODEL, *overrides] for a in ("--set", s)]
+    sets = [a for s in [*MODEL, f'train.dtype="{dtype}"', *overrides] for a in ("--set", s)]
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
@@ -80,13 +84,13 @@ def speed(args, world: int, work: Path) -> dict:
                 before = load()
                 if mode == "none":
                     recs = launch(world, args.tokens, run, [f"train.steps={args.speed_steps_fp32}", "train.log_every=1",
-                                                            "train.eval_every=0"], True, threads)
+                                                            "train.eval_every=0"], True, threads, args.dtype)
                     times = step_times(recs, 2)
                 else:
                     warm = 3
                     recs = launch(world, args.tokens, run, [*ONEBIT, f"dist.onebit_warmup_steps={warm}",
                                                             f"train.steps={args.speed_steps_1bit}", "train.log_every=1",
-                                                            "train.eval_every=0"], True, threads)
+                                                            "train.eval_every=0"], True, threads, args.dtype)
                     times = step_times(recs, warm + 2)
                 comm = [r for r in recs if "comm_bytes" in r][-1]
                 med = statistics.median(times)
@@ -107,7 +111,8 @@ def quality(args, work: Path) -> dict:
     out = {}
     for mode, extra in (("none", []), ("onebit", [*ONEBIT, f"dist.onebit_warmup_steps={warm}"])):
         t = time.time()
-        recs = launch(2, args.tokens, work / f"quality-{mode}", [*common, *extra], False, max(1, (os.cpu_count() or 1) // 2))
+        recs = launch(2, args.tokens, work / f"quality-{mode}", [*common, *extra], False, max(1, (os.cpu_count() or 1) // 2),
+                      args.dtype)
         out[mode] = {"val_loss": [r["val_loss"] for r in recs if "val_loss" in r][-1],
                      "final_train_loss": [r["loss"] for r in recs if "loss" in r][-1], "wall_s": time.time() - t}
         if mode == "onebit":
@@ -127,6 +132,8 @@ def main() -> None:
     ap.add_argument("--speed-steps-1bit", type=int, default=25)
     ap.add_argument("--quality-steps", type=int, default=300)
     ap.add_argument("--eval-batches", type=int, default=200)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="compute precision (CPU autocast) of every run; the exchanged values are float32 either way")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--speed-from", type=Path, help="take the speed results from an earlier --raw file")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
@@ -169,7 +176,8 @@ def main() -> None:
         metrics["val_loss_1bit"] = q["onebit"]["val_loss"]
         metrics["val_loss_rel_diff"] = (q["onebit"]["val_loss"] - q["none"]["val_loss"]) / q["none"]["val_loss"]
         metrics["bytes_ratio_whole_run_with_warmup"] = q["onebit"]["bytes_ratio_run"]
-    notes = (f"{n_params:,}-parameter gpt2 (9 x 640, vocab 8192, seq 64, batch 1 per process), CPU fp32, Gloo; "
+    notes = (f"{n_params:,}-parameter gpt2 (9 x 640, vocab 8192, seq 64, batch 1 per process), CPU, {args.dtype} "
+             f"compute, float32 weights and exchange, Gloo, {os.cpu_count()} cores; "
              f"speed: one process per network namespace, veths capped at 1 Gbit/s (tbf), median step time, "
              f"{len(results['speed'][args.worlds[0]]['none'])} repeats (spread in docs/BENCHMARKS.md); quality: 2 processes on loopback, "
              f"{args.quality_steps} steps, 1-bit after {args.quality_steps // 5} fp32 steps")
