@@ -76,6 +76,7 @@ class Attention(nn.Module):
             q, k = _plain_norm(self.cfg, q), _plain_norm(self.cfg, k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, pos+T, D)
