@@ -1,0 +1,263 @@
+"""Issue 3's architecture benchmark: gpt2 vs tscale convergence and throughput, and the attention cost of a step.
+
+Subcommands, each its own process, so that one device call runs them in turn under one deadline
+(scripts/bench/issue3_gpu.sh is the driver); each adds its result to WORK/results.json:
+
+  warmup --arch A        compile A's training and evaluation graphs on random ids (fills the Inductor
+                         cache, so the measured run's compile is a cache hit; run it beside tokenizing)
+  convergence --arch A   train A on the token folder: gpt2 first, for the budget B; its final val loss
+                         is the target tscale must reach (tscale stops as soon as an evaluation does)
+  attention [--warm]     time all attention (forward + backward) of one training step of the tscale
+                         model vs the same model with causal SDPA in every layer, at each sequence length
+                         (--warm: only compile, on random ids, so the timed run's compile is a cache hit)
+  report                 WORK/results.json + the runs' metrics.jsonl -> OUT_DIR/architecture.json (merged
+                         with the metrics a previous part already wrote there) and a markdown table
+
+Protocol (docs/architecture.md): both models see the same windows of the benchmark corpus in the
+same order (same seed, 32 x 1024 tokens a step), one pass, and are scored on the same fixed
+validation windows. gpt2 trains for B tokens; tscale's schedule spans 0.5 B and it is evaluated
+every ~5M tokens; the crossing of gpt2's final loss is interpolated linearly between evaluations.
+Training time counts the loop's steps only (compile, evaluation and checkpoints left out), from
+the tokens_per_s of every log interval. --tiny runs the same code on CPU-sized models.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import curves  # noqa: E402
+from common import REPO, write_record  # noqa: E402
+
+@dataclass
+class Scale:
+    """Sizes of one benchmark scale: the real one on an H200, or --tiny on a CPU."""
+
+    configs: dict
+    seq_len: int
+    batch_size: int
+    budget_tokens: float
+    eval_tokens: float
+    gpt2_evals: int
+    eval_batches: int
+    log_every: int
+    gpt2_overrides: list[str]
+    tscale_overrides: list[str]
+    extra: list[str] = field(default_factory=list)
+    attn_seq_lens: tuple = (1024, 4096)
+    attn_tokens: int = 32768
+    attn_repeats: int = 20
+    attn_compile: bool = True
+    max_ratio: float = 0.5  # tscale's schedule spans this fraction of B
+
+
+FULL = Scale(
+    configs={"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml"},
+    seq_len=1024, batch_size=32, budget_tokens=100e6, eval_tokens=5e6, gpt2_evals=8, eval_batches=40, log_every=10,
+    # The preset's 700 warm-up steps are llm.c's for a 10B-token run; 200 steps (6.5M tokens, 6.6%) suit 100M.
+    gpt2_overrides=["optim.warmup_steps=200"], tscale_overrides=[],
+)
+TINY = Scale(
+    configs={"gpt2": "configs/tiny-cpu.toml", "tscale": "configs/tscale-tiny-cpu.toml"},
+    seq_len=32, batch_size=4, budget_tokens=24 * 128, eval_tokens=4 * 128, gpt2_evals=4, eval_batches=4, log_every=1,
+    # At toy scale the zero-initialised head is what lags: a faster head lets the crossing code path run.
+    gpt2_overrides=["optim.warmup_steps=4"],
+    tscale_overrides=["optim.warmup_steps=2", "optim.head_lr=0.01", "optim.embed_lr=0.075"],
+    extra=["model.d_model=64", "model.window=8", "train.compile=false", "train.device=cpu", "train.time_limit_s=0"],
+    attn_seq_lens=(32, 64), attn_tokens=128, attn_repeats=3, attn_compile=False,
+    max_ratio=1.0,  # toy models show no advantage; a whole-budget schedule lets the crossing code run
+)
+
+
+def tokens_per_step(s: Scale) -> int:
+    return s.seq_len * s.batch_size
+
+
+def gpt2_steps(s: Scale) -> int:
+    return math.ceil(s.budget_tokens / tokens_per_step(s))
+
+
+def _multiple(n: float, of: int) -> int:
+    return max(of, round(n / of) * of)
+
+
+def run_overrides(s: Scale, arch: str, tokens: Path, max_ratio: float) -> list[str]:
+    """The --set list of one convergence run (the warm-up uses the same, so its graphs are the same)."""
+    common = [f"model.seq_len={s.seq_len}", f"train.batch_size={s.batch_size}", "train.grad_accum=1",
+              f"train.eval_batches={s.eval_batches}", "train.ckpt_every=0", f"train.log_every={s.log_every}",
+              f'data.tokens="{tokens}"', *s.extra]
+    if arch == "gpt2":
+        steps = gpt2_steps(s)
+        every = _multiple(steps / s.gpt2_evals, s.log_every)
+        return [*common, f"train.steps={steps}", f"train.eval_every={every}", *s.gpt2_overrides]
+    steps = round(max_ratio * gpt2_steps(s))
+    every = _multiple(s.eval_tokens / tokens_per_step(s), s.log_every)
+    return [*common, f"train.steps={steps}", f"train.eval_every={every}", *s.tscale_overrides]
+
+
+class Results:
+    """WORK/results.json: what each subcommand found, read-modify-written whole."""
+
+    def __init__(self, work: Path):
+        self.path = work / "results.json"
+
+    def load(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def put(self, key: str, value) -> None:
+        data = self.load()
+        data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(self.path)
+
+
+def _time_left(deadline: float | None, margin: float) -> float:
+    """Seconds a run may take before `deadline` (epoch seconds) less `margin`; 0 = no limit."""
+    if not deadline:
+        return 0.0
+    left = deadline - time.time() - margin
+    if left < 30:
+        sys.exit(f"architecture: only {left + margin:.0f} s left before the deadline; not starting")
+    return left
+
+
+def cmd_warmup(args, s: Scale) -> None:
+    from train_runs import warm_compile
+
+    overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio)
+    seconds = warm_compile(REPO / s.configs[args.arch], overrides, args.work / f"warm-{args.arch}",
+                           s.batch_size, s.seq_len)
+    print(f"warm-up {args.arch}: {seconds:.0f} s", flush=True)
+
+
+def cmd_convergence(args, s: Scale) -> None:
+    from train_runs import stop_at_val_loss, train
+
+    results = Results(args.work)
+    run_dir = args.work / "runs" / args.arch
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio)
+    hook = None
+    if args.arch == "tscale":
+        gpt2 = results.load().get("gpt2")
+        if not gpt2 or gpt2.get("final_val_loss") is None:
+            sys.exit("architecture: run `convergence --arch gpt2` first (its final val loss is the target)")
+        every = int(next(o for o in overrides if o.startswith("train.eval_every=")).split("=")[1])
+        hook = stop_at_val_loss(run_dir, gpt2["final_val_loss"], every)
+    limit = _time_left(args.deadline, margin=25 if args.arch == "tscale" else 10)
+    if limit:
+        overrides.append(f"train.time_limit_s={limit:.0f}")
+    print(f"convergence {args.arch}: tscale train {s.configs[args.arch]} " + " ".join(f"--set {o}" for o in overrides),
+          flush=True)
+    outcome = train(REPO / s.configs[args.arch], overrides, run_dir, on_step=hook, quiet=not args.verbose)
+    records = curves.read_records(run_dir / "metrics.jsonl")
+    vals = curves.val_curve(records)
+    outcome.update(config=s.configs[args.arch], overrides=overrides, final_val_loss=vals[-1][1] if vals else None,
+                   steps=records[-1]["step"], planned_steps=_planned_steps(overrides))
+    results.put(args.arch, outcome)
+    print(f"convergence {args.arch}: {outcome['ended']}; {outcome['steps']} steps, last val loss "
+          f"{outcome['final_val_loss']}, {outcome['wall_s']:.0f} s", flush=True)
+
+
+def _planned_steps(overrides: list[str]) -> int:
+    return int(next(o for o in overrides if o.startswith("train.steps=")).split("=")[1])
+
+
+def cmd_attention(args, s: Scale) -> None:
+    """Time the attention of one step at each length; with --warm only compile it, on random ids, without tokens."""
+    import torch
+
+    from attention_cost import attention_step_cost
+    from tscale.config import load_config
+    from tscale.data.loader import TrainLoader
+    from tscale.devices import resolve_autocast_dtype, resolve_device
+    from tscale.model import build_model
+    from tscale.train.loop import resolve_data
+
+    results = Results(args.work)
+    out, path = {}, None
+    for seq_len in s.attn_seq_lens:
+        batch = max(1, s.attn_tokens // seq_len)
+        overrides = [f"model.seq_len={seq_len}", f'data.tokens="{args.tokens}"',
+                     *[o for o in s.extra if o.startswith(("train.device", "model."))]]
+        if args.warm:  # the GPT-2 vocabulary of the benchmark corpus, as the warm-ups of train_runs use
+            overrides += ["model.vocab_size=50257", "model.eos_id=50256"]
+        cfg = load_config(REPO / s.configs["tscale"], overrides)
+        device = resolve_device(cfg.train.device)
+        torch.manual_seed(cfg.train.seed)
+        if args.warm:
+            x = torch.randint(0, cfg.model.vocab_size - 1, (batch, seq_len))
+        else:
+            folder = resolve_data(cfg)
+            x = TrainLoader(folder, seq_len, batch, cfg.train.seed).next_batch()[0]  # (B, T): a run's first batch
+        model = build_model(cfg.model).to(device)
+        t0 = time.time()
+        cost = attention_step_cost(model, x.to(device), resolve_autocast_dtype(cfg.train.dtype, device),
+                                   1 if args.warm else s.attn_repeats, warmup=1 if args.warm else 3,
+                                   compile_ops=s.attn_compile and device.type == "cuda")
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if args.warm:
+            print(f"attention warm-up T={seq_len}: {time.time() - t0:.0f} s", flush=True)
+            continue
+        path = path or cost["path"]
+        cost.update(path=path, batch_size=batch, seq_len=seq_len, window=cfg.model.window,
+                    global_every=cfg.model.global_every)
+        out[str(seq_len)] = cost
+        print(f"attention T={seq_len}: tscale {1e3 * cost['tscale_s']:.2f} ms, SDPA {1e3 * cost['sdpa_s']:.2f} ms, "
+              f"ratio {cost['tscale_s'] / cost['sdpa_s']:.3f} ({path}; {cost['dtype']}, "
+              f"{cost['docs_per_row']:.2f} documents per row; {time.time() - t0:.0f} s)", flush=True)
+    if not args.warm:
+        results.put("attention", out)
+
+
+def cmd_report(args, s: Scale) -> None:
+    from report_architecture import build_report
+
+    metrics, notes, table = build_report(Results(args.work).load(), args.out_dir, s)
+    path = write_record("architecture", metrics, notes, args.out_dir)
+    print(table)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["warmup", "convergence", "attention", "report"])
+    ap.add_argument("--arch", choices=["gpt2", "tscale"])
+    ap.add_argument("--work", type=Path, default=REPO / ".cache" / "issue3", help="work folder (results.json, runs/)")
+    ap.add_argument("--tokens", type=Path, help="token folder of the benchmark corpus [WORK/tokens]")
+    ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench", help="where architecture.json goes")
+    ap.add_argument("--deadline", type=float, default=0.0, help="epoch seconds by which a run must have ended")
+    ap.add_argument("--budget-tokens", type=float, help="gpt2's training budget B [100e6; tiny: 3072]")
+    ap.add_argument("--eval-tokens", type=float, help="tokens between tscale's evaluations [5e6]")
+    ap.add_argument("--max-ratio", type=float, help="tscale's schedule spans this fraction of B [0.5; tiny: 1.0]")
+    ap.add_argument("--tiny", action="store_true", help="CPU-sized models and budgets (plumbing check)")
+    ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
+    ap.add_argument("--verbose", action="store_true", help="show the training progress lines")
+    args = ap.parse_args()
+    s = TINY if args.tiny else FULL
+    if args.budget_tokens:
+        s.budget_tokens = args.budget_tokens
+    if args.eval_tokens:
+        s.eval_tokens = args.eval_tokens
+    args.max_ratio = args.max_ratio or s.max_ratio
+    args.work = args.work.resolve()
+    args.tokens = (args.tokens or args.work / "tokens").resolve()
+    if args.command in ("warmup", "convergence") and not args.arch:
+        ap.error(f"{args.command} needs --arch")
+    {"warmup": cmd_warmup, "convergence": cmd_convergence, "attention": cmd_attention,
+     "report": cmd_report}[args.command](args, s)
+
+
+if __name__ == "__main__":
+    main()

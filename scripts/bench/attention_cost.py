@@ -1,0 +1,132 @@
+"""Time of all attention in one training step: the tscale model's own attention op vs full causal SDPA per layer.
+
+The inputs are the model's own: one forward pass of the tscale model over a real batch of
+training windows records every call of its attention op (q, k, v as the layer makes them,
+under the same autocast as training; the layer's window; the document ids from the batch's
+real document boundaries; sink; scale). Each recorded call is then timed forward + backward
+twice on the same q, k, v: through the op the model calls (whatever tscale.ops picks: the
+path it reported is returned), in the dtype the model hands it, and through
+F.scaled_dot_product_attention(is_causal=True) in the autocast dtype (bf16 on CUDA: the flash
+kernel GPT-2 runs), the "same model with full causal attention in every layer". Both are
+wrapped in torch.compile on CUDA, as in training; CUDA events time them.
+"""
+
+import logging
+from collections import Counter
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+import tscale.model.tscale_lm as tscale_lm
+from common import time_per_call
+
+
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def record_attention_calls(model: torch.nn.Module, idx: torch.Tensor, amp_dtype) -> list[dict]:
+    """Every attention call of one forward pass over idx (B, T): its q, k, v and keyword arguments.
+
+    The op itself is not run here (its output is replaced by zeros, so nothing is compiled
+    for inference shapes); with zero-initialised projections that is exactly the model's
+    forward at initialisation, and timing does not depend on the values anyway.
+    """
+    calls: list[dict] = []
+    original = tscale_lm.attention
+
+    def recorder(q, k, v, **kwargs):
+        calls.append({"q": q, "k": k, "v": v, **kwargs})
+        return q.new_zeros(*q.shape[:-1], v.shape[-1])
+
+    tscale_lm.attention = recorder
+    amp = torch.autocast(idx.device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
+    try:
+        with torch.no_grad(), amp:
+            model(idx)
+    finally:
+        tscale_lm.attention = original
+    return calls
+
+
+def op_path(call: dict) -> str:
+    """What tscale.ops says it runs for this call (it says so once per process, on the first eager call)."""
+    messages, ops_log = _Messages(), logging.getLogger("tscale.ops")
+    old_level = ops_log.level
+    ops_log.addHandler(messages)
+    ops_log.setLevel(logging.INFO)
+    n = min(128, call["q"].shape[2])
+    try:
+        with torch.no_grad():
+            q, k, v = (call[name][:1, :, :n] for name in ("q", "k", "v"))
+            docs = call["doc_ids"][:1, :n] if call["doc_ids"] is not None else None
+            tscale_lm.attention(q, k, v, window=call["window"], doc_ids=docs, sink=call["sink"], scale=call["scale"])
+    finally:
+        ops_log.removeHandler(messages)
+        ops_log.setLevel(old_level)
+    return "; ".join(m.removeprefix("ops: ") for m in messages.lines if "attention" in m)
+
+
+def _tscale_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, T, H, D) leaves -> (B, H, T, D), as the layer passes them
+    return tscale_lm.attention(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
+
+
+def _sdpa_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+def _leaf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A fresh (B, T, H, D) leaf whose transpose has the recorded (B, H, T, D) tensor's values and layout."""
+    return t.detach().transpose(1, 2).to(dtype or t.dtype).contiguous().requires_grad_()
+
+
+def time_call(op, call: dict, device: torch.device, repeats: int, warmup: int = 3,
+              dtype: torch.dtype | None = None) -> float:
+    """Seconds for forward + backward of one recorded call through `op`, its q, k, v cast to `dtype` if given."""
+    q, k, v = (_leaf(call[n], dtype) for n in ("q", "k", "v"))
+    args = (call["doc_ids"], call["window"], call["sink"], call["scale"])
+    grad = torch.randn_like(op(q, k, v, *args))
+
+    def step():
+        out = op(q, k, v, *args)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    return time_per_call(step, device, repeats, warmup=warmup)
+
+
+def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, repeats: int,
+                        compile_ops: bool, warmup: int = 3) -> dict:
+    """Seconds of all attention (forward + backward) in one step over idx (B, T): tscale op vs causal SDPA.
+
+    warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed run).
+    """
+    device = idx.device
+    calls = record_attention_calls(model, idx, amp_dtype)
+    said = op_path(calls[0])
+    ours = torch.compile(_tscale_op, dynamic=False) if compile_ops else _tscale_op
+    sdpa = torch.compile(_sdpa_op, dynamic=False) if compile_ops else _sdpa_op
+    per_layer = []
+    for call in calls:
+        per_layer.append({"window": call["window"], "tscale_s": time_call(ours, call, device, repeats, warmup),
+                          "sdpa_s": time_call(sdpa, call, device, repeats, warmup, dtype=amp_dtype)})
+    q = calls[0]["q"]
+    docs = calls[0]["doc_ids"]
+    return {
+        "path": said or "not reported by tscale.ops (reported earlier in this process)",
+        "tscale_s": sum(p["tscale_s"] for p in per_layer),
+        "sdpa_s": sum(p["sdpa_s"] for p in per_layer),
+        "per_layer": per_layer,
+        "windows": dict(Counter(str(p["window"]) for p in per_layer)),
+        "shape": list(q.shape), "dtype": str(q.dtype).replace("torch.", ""),
+        "sdpa_dtype": str(amp_dtype or q.dtype).replace("torch.", ""),
+        "docs_per_row": float(docs[:, -1].float().mean() + 1 - docs[:, 0].float().mean()) if docs is not None else 1.0,
+        "sink": bool(calls[0]["sink"]),
+    }

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Issue 3's measurements ("optimized transformer") in two device calls of at most ~9 minutes each.
+#
+#   scripts/bench/issue3_gpu.sh 1|2 [--tiny]
+#
+# Run from the repository root with the package built. Both parts tokenize the benchmark corpus
+# (mix.jsonl.xz + code-slice.jsonl.xz, GPT-2 BPE) into $WORK/tokens unless it is there already.
+#   Part 1: gpt2 124M for B = 100M tokens, then tscale 124M until it reaches gpt2's final val loss
+#           (convergence + throughput). The compile warm-ups of both models run beside tokenizing.
+#   Part 2: attention cost of one training step at T = 1024 and 4096 (its compile warm-up runs
+#           beside tokenizing), then the ablation table.
+# Each part writes docs/bench/architecture.json (keeping the metrics of the other part found in
+# that file: copy part 1's $OUT/architecture.json to docs/bench/ before part 2) and, in part 2,
+# docs/bench/ablation.json; results, tables, logs and the runs' metrics go to $OUT as well.
+# --tiny: the same on CPU with tiny models, a slice of the corpus and ../shared/data, into
+# .cache/issue3-tiny (records in $WORK/bench, docs/bench untouched).
+#
+# Env: ISSUE3_BUDGET_S  seconds from start by which everything has ended (default 540)
+#      ISSUE3_DATA      folder with mix.jsonl.xz, code-slice.jsonl.xz, gpt2-bpe/ (default .devdata)
+#      ISSUE3_WORK      work folder, git-ignored (default .cache/issue3)
+#      ISSUE3_ABLATION_TOKENS  training tokens per ablation variant (default 12e6)
+#      OUT              folder whose files come back from the device (default $WORK/out)
+set -euo pipefail
+
+part=${1:?usage: scripts/bench/issue3_gpu.sh 1|2 [--tiny]}
+tiny=${2:-}
+start=$(date +%s)
+budget=${ISSUE3_BUDGET_S:-540}
+bench=scripts/bench
+if [ "$tiny" = "--tiny" ]; then
+  work=${ISSUE3_WORK:-.cache/issue3-tiny}
+  data=${ISSUE3_DATA:-../shared/data}
+  records=$work/bench
+  flags=(--tiny)
+  ablation_flags=(--jobs 2 --min-job-s 0)
+else
+  work=${ISSUE3_WORK:-.cache/issue3}
+  data=${ISSUE3_DATA:-.devdata}
+  records=docs/bench
+  flags=()
+  ablation_flags=(--jobs 7 --min-job-s 150 --tokens-per-run "${ISSUE3_ABLATION_TOKENS:-12e6}")
+fi
+out=${OUT:-$work/out}
+deadline=$((start + budget - 20))  # the last 20 s are for the reports and the copies
+mkdir -p "$work/logs" "$out" "$records"
+exec > >(tee -a "$out/issue3-part$part.log") 2>&1
+tee_pid=$!
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/$work/inductor
+common=(--work "$work" --deadline "$deadline" "${flags[@]}")
+report=(--work "$work" --out-dir "$records" "${flags[@]}")
+
+say() { echo "[issue3 part $part +$(( $(date +%s) - start ))s] $*"; }
+left() { echo $(( deadline - $(date +%s) )); }
+# A step that must end by the deadline: SIGTERM then (the loop checkpoints and returns), SIGKILL 20 s later.
+bounded() {
+  local l; l=$(left)
+  if [ "$l" -lt 10 ]; then say "no time left for: $*"; return 1; fi
+  timeout -k 20 "$l" "$@"
+}
+
+tokenize() {
+  if [ -f "$work/tokens/manifest.json" ]; then say "tokens: reusing $work/tokens"; return; fi
+  rm -rf "$work/tokens"
+  local inputs=("$data/mix.jsonl.xz" "$data/code-slice.jsonl.xz")
+  if [ "$tiny" = "--tiny" ]; then
+    python $bench/corpus_slice.py "${inputs[@]}" -o "$work/slice.jsonl.xz" --chars 1500000
+    inputs=("$work/slice.jsonl.xz")
+  fi
+  say "tokenize ${inputs[*]}"
+  bounded python -m tscale tokenize "${inputs[@]}" --tokenizer "$data/gpt2-bpe" -o "$work/tokens" -q
+  say "tokenized"
+}
+
+collect() {  # results, tables and run metrics to $OUT (at most 8 files come back)
+  cp "$records/architecture.json" "$out/" 2>/dev/null || true
+  [ "$part" = 2 ] && cp "$records/ablation.json" "$out/" 2>/dev/null || true
+  (cd "$work" && tar czf - --ignore-failed-read results.json ablation/results.json ablation/logs logs \
+     runs/*/metrics.jsonl runs/*/config.toml ablation/runs/*/metrics.jsonl ablation/runs/*/config.toml \
+     2>/dev/null) > "$out/issue3-part$part-runs.tar.gz" || true
+  say "done; files in $out: $(ls "$out" | tr '\n' ' ')"
+  exec >&- 2>&-  # let tee write the end of the log before the call returns
+  wait "$tee_pid" 2>/dev/null || true
+}
+trap collect EXIT
+
+if [ "$part" = 1 ]; then
+  say "warm-ups of gpt2 and tscale (compile on random ids) beside tokenizing"
+  TORCHINDUCTOR_COMPILE_THREADS=4 python $bench/architecture.py warmup --arch gpt2 "${common[@]}" \
+    > "$work/logs/warm-gpt2.log" 2>&1 & warm_gpt2=$!
+  TORCHINDUCTOR_COMPILE_THREADS=4 python $bench/architecture.py warmup --arch tscale "${common[@]}" \
+    > "$work/logs/warm-tscale.log" 2>&1 & warm_tscale=$!
+  tokenize
+  # Nothing should compile while a measured run trains: wait for the warm-ups, but at most until
+  # +150 s (a late one keeps running: its GPU use is a few steps; its cache entries still help).
+  for pid in $warm_gpt2 $warm_tscale; do
+    while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - start )) -lt 150 ]; do sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then say "warm-up $pid still running at +150 s: not waiting for it"
+    else wait "$pid" || say "warm-up $pid failed (see $work/logs/warm-*.log): its run compiles cold"; fi
+  done
+  tail -n 1 "$work"/logs/warm-*.log || true
+  say "gpt2 convergence run"
+  bounded python $bench/architecture.py convergence --arch gpt2 "${common[@]}" || say "gpt2 run failed"
+  say "tscale convergence run"
+  bounded python $bench/architecture.py convergence --arch tscale "${common[@]}" || say "tscale run failed"
+  python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
+elif [ "$part" = 2 ]; then
+  say "attention compile warm-up beside tokenizing"
+  TORCHINDUCTOR_COMPILE_THREADS=8 python $bench/architecture.py attention --warm "${common[@]}" \
+    > "$work/logs/warm-attention.log" 2>&1 & warm_attention=$!
+  tokenize
+  while kill -0 "$warm_attention" 2>/dev/null && [ $(( $(date +%s) - start )) -lt 180 ]; do sleep 1; done
+  if kill -0 "$warm_attention" 2>/dev/null; then kill "$warm_attention"; say "attention warm-up stopped at +180 s"
+  else wait "$warm_attention" || say "attention warm-up failed (see $work/logs/warm-attention.log)"; fi
+  cat "$work/logs/warm-attention.log" || true
+  say "attention cost"
+  bounded python $bench/architecture.py attention "${common[@]}" || say "attention benchmark failed"
+  say "ablation runs"
+  bounded python $bench/ablation.py run --work "$work" --deadline "$deadline" "${flags[@]}" "${ablation_flags[@]}" \
+    || say "ablation runner failed"
+  python $bench/ablation.py report "${report[@]}" | tee "$out/ablation.md"
+  python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
+else
+  echo "issue3_gpu.sh: PART must be 1 or 2 (got $part)" >&2
+  exit 2
+fi
+say "finished in $(( $(date +%s) - start )) s"

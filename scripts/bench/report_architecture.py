@@ -1,0 +1,194 @@
+"""The architecture record: metrics and notes from WORK/results.json, merged with a previous part's record.
+
+The two device calls of issue 3 each measure part of the record (convergence and throughput in
+one, attention cost in the other); each call's report keeps the metrics and the notes lines of
+the other part from the architecture.json already in the output folder, and replaces its own.
+Notes are lines tagged "[convergence]", "[throughput]", "[attention]", "[kernel]".
+"""
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import curves
+
+METRIC_TARGETS = {  # the issue's metrics: key -> (target, whether a value meets it)
+    "convergence_tokens_ratio": ("<= 0.5", lambda v: v <= 0.5),
+    "convergence_time_ratio": ("<= 0.6", lambda v: v <= 0.6),
+    "attention_time_ratio_1024": ("<= 0.5", lambda v: v <= 0.5),
+    "attention_time_ratio_4096": ("<= 0.25", lambda v: v <= 0.25),
+    "throughput_ratio": (">= 1.2", lambda v: v >= 1.2),
+    "kernel_vs_flex_speedup": (">= 1.3", lambda v: v >= 1.3),  # targets of scripts/bench/attention_kernel.py
+    "causal_vs_sdpa_time_ratio": ("<= 1.25", lambda v: v <= 1.25),
+}
+KERNEL_KEYS = ("kernel_vs_flex_speedup", "causal_vs_sdpa_time_ratio")
+
+WARMUP_STEPS_SKIPPED = 20  # log intervals of the first steps are left out of tokens/s (first-step allocations)
+
+
+def _run_summary(entry: dict) -> dict:
+    """Numbers of one convergence run read back from its metrics.jsonl."""
+    records = curves.read_records(Path(entry["run"]) / "metrics.jsonl")
+    per_step = curves.tokens_per_step(records)
+    times = curves.train_time_curve(records)
+    return {"records": records, "per_step": per_step, "val": curves.val_curve(records), "times": times,
+            "tokens_per_s": curves.steady_tokens_per_s(records, WARMUP_STEPS_SKIPPED * per_step),
+            "train_s": times[-1][1], "tokens": times[-1][0]}
+
+
+def _time_at(times: list, tokens: float) -> float:
+    """Training seconds at `tokens`, extrapolated at the last interval's rate past the last log record."""
+    if tokens <= times[-1][0]:
+        return curves.interpolate(times, tokens)
+    (x0, y0), (x1, y1) = times[-2], times[-1]
+    return y1 + (tokens - x1) * (y1 - y0) / (x1 - x0)
+
+
+def _changed(entry: dict) -> str:
+    """The optimizer settings a run changed from its preset, as ' + --set ...' text."""
+    mine = [o for o in entry["overrides"] if o.startswith("optim.")]
+    return "".join(f" + --set {o}" for o in mine)
+
+
+def convergence_part(results: dict) -> tuple[dict, dict]:
+    """(metrics, notes by tag) of the convergence and throughput part; empty when its runs are missing."""
+    gpt2, tscale = results.get("gpt2"), results.get("tscale")
+    if not gpt2 or not tscale:
+        return {}, {}
+    g, t = _run_summary(gpt2), _run_summary(tscale)
+    if not g["val"] or not t["val"]:
+        return {}, {"convergence": "a convergence run ended before its first evaluation: nothing to compare"}
+    budget, target = g["tokens"], gpt2["final_val_loss"]
+    complete = gpt2["steps"] == gpt2["planned_steps"]
+    m = {
+        "gpt2_budget_tokens": round(budget), "gpt2_final_val_loss": round(target, 4),
+        "gpt2_train_s": round(g["train_s"], 1),
+        "gpt2_tokens_per_s": round(g["tokens_per_s"]), "tscale_tokens_per_s": round(t["tokens_per_s"]),
+        "throughput_ratio": round(t["tokens_per_s"] / g["tokens_per_s"], 3),
+        "tscale_schedule_tokens": tscale["planned_steps"] * t["per_step"],
+        "tscale_last_tokens": t["val"][-1][0] if t["val"] else 0, "tscale_last_val_loss": round(t["val"][-1][1], 4),
+        "gpt2_params": gpt2["params"], "gpt2_block_params": gpt2["block_params"],
+        "gpt2_matmul_params": gpt2["matmul_params"], "tscale_params": tscale["params"],
+        "tscale_block_params": tscale["block_params"], "tscale_matmul_params": tscale["matmul_params"],
+        "gpt2_run_wall_s": round(gpt2["wall_s"], 1), "tscale_run_wall_s": round(tscale["wall_s"], 1),
+    }
+    crossed = curves.crossing(t["val"], target)
+    if crossed is not None and complete:
+        seconds = _time_at(t["times"], crossed)
+        m.update(convergence_tokens_ratio=round(crossed / budget, 4),
+                 convergence_time_ratio=round(seconds / g["train_s"], 4),
+                 tscale_crossing_tokens=round(crossed), tscale_crossing_train_s=round(seconds, 1))
+        outcome = (f"tscale reached it after {crossed / 1e6:.2f}M tokens ({crossed / budget:.3f} B) and "
+                   f"{seconds:.1f} s of training ({seconds / g['train_s']:.3f} of gpt2's {g['train_s']:.1f} s)")
+    elif not complete:
+        outcome = (f"gpt2 stopped at step {gpt2['steps']} of {gpt2['planned_steps']} ({gpt2['ended']}): "
+                   f"no convergence ratios")
+    else:
+        outcome = (f"tscale did NOT reach it: last evaluation {t['val'][-1][1]:.4f} after {t['val'][-1][0] / 1e6:.2f}M "
+                   f"tokens (run ended: {tscale['ended']}); convergence ratios left out")
+    eval_every = t["val"][1][0] - t["val"][0][0] if len(t["val"]) > 1 else t["val"][0][0]
+    notes = {
+        "convergence": (
+            f"gpt2 ({gpt2['config']}{_changed(gpt2)}) trained B = {budget / 1e6:.2f}M tokens "
+            f"({gpt2['steps']} steps of {g['per_step']:,} tokens) on mix + code-slice, GPT-2 BPE, one pass, "
+            f"final val loss {target:.4f} on fixed validation windows; tscale ({tscale['config']}, schedule over "
+            f"{m['tscale_schedule_tokens'] / 1e6:.2f}M tokens = {m['tscale_schedule_tokens'] / budget:.2f} B) "
+            f"scored on the same windows every {eval_every / 1e6:.2f}M tokens, the crossing interpolated "
+            f"linearly between evaluations. {outcome}. "
+            f"Training time = the loop's steps only (compile, evaluation, checkpoints left out). "
+            f"Parameters matched inside the blocks: gpt2 {gpt2['block_params'] / 1e6:.2f}M, tscale "
+            f"{tscale['block_params'] / 1e6:.2f}M; matrix-product parameters per token (head included) "
+            f"{gpt2['matmul_params'] / 1e6:.2f}M vs {tscale['matmul_params'] / 1e6:.2f}M; all parameters "
+            f"{gpt2['params'] / 1e6:.2f}M (embedding tied to the head) vs {tscale['params'] / 1e6:.2f}M (untied: the "
+            f"extra input table is a lookup, no FLOPs)."),
+        "throughput": (
+            f"training tokens/s of the same two runs (same loop, bf16 autocast, torch.compile, "
+            f"{g['per_step']:,} tokens a step) after their first {WARMUP_STEPS_SKIPPED} steps: tscale "
+            f"{t['tokens_per_s']:,.0f}, gpt2 {g['tokens_per_s']:,.0f}."),
+    }
+    return m, notes
+
+
+def attention_part(results: dict) -> tuple[dict, dict]:
+    att = results.get("attention")
+    if not att:
+        return {}, {}
+    m, pieces = {}, []
+    for seq_len, c in att.items():
+        m[f"attention_time_ratio_{seq_len}"] = round(c["tscale_s"] / c["sdpa_s"], 4)
+        m[f"attention_ms_tscale_{seq_len}"] = round(1e3 * c["tscale_s"], 3)
+        m[f"attention_ms_sdpa_{seq_len}"] = round(1e3 * c["sdpa_s"], 3)
+        layers = ", ".join(f"{n} x {'global' if w == '0' else 'window ' + w}" for w, n in c["windows"].items())
+        pieces.append(f"T={seq_len}: B={c['batch_size']}, {layers}, {c['docs_per_row']:.2f} documents per row")
+    first = next(iter(att.values()))
+    note = (f"forward + backward of every attention call of one training step ({first['shape'][1]} heads x "
+            f"{first['shape'][3]}, q/k/v in {first['dtype']} as the model makes them, sink {first['sink']}), inputs "
+            f"recorded from the tscale model's own forward over a run's first real batch (document ids from its "
+            f"real boundaries); path: {first['path']}; baseline: F.scaled_dot_product_attention(is_causal=True) "
+            f"on the same q, k, v in {first.get('sdpa_dtype', first['dtype'])} in every layer; both "
+            f"torch.compile'd, CUDA events. " + "; ".join(pieces) + ".")
+    return m, {"attention": note}
+
+
+def kernel_part(out_dir: Path) -> tuple[dict, dict]:
+    path = out_dir / "attention_kernel.json"
+    if not path.is_file():
+        return {}, {"kernel": f"{path.name} absent: kernel_vs_flex_speedup and causal_vs_sdpa_time_ratio left out "
+                              f"(scripts/bench/attention_kernel.py writes them)."}
+    record = json.loads(path.read_text())
+    m = {k: record["metrics"][k] for k in KERNEL_KEYS if k in record.get("metrics", {})}
+    return m, {"kernel": f"{', '.join(m) or 'no kernel metric'} merged from {path.name} "
+                         f"({record.get('date')}, commit {str(record.get('commit'))[:12]}, {record.get('gpu')})."}
+
+
+def _previous(out_dir: Path) -> tuple[dict, dict]:
+    path = out_dir / "architecture.json"
+    if not path.is_file():
+        return {}, {}
+    record = json.loads(path.read_text())
+    notes = {}
+    for line in record.get("notes", "").splitlines():
+        if line.startswith("[") and "]" in line:
+            tag, text = line[1:].split("]", 1)
+            notes[tag] = text.strip()
+    return record.get("metrics", {}), notes
+
+
+def _owned(part: str) -> Callable[[str], bool]:
+    """Which metric keys a part writes (and so replaces when it is measured again)."""
+    if part == "attention":
+        return lambda k: k.startswith("attention_")
+    if part == "kernel":
+        return lambda k: k in KERNEL_KEYS
+    return lambda k: not k.startswith("attention_") and k not in KERNEL_KEYS
+
+
+def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
+    """(metrics, notes, markdown table): this call's parts replace the previous record's, the rest is kept."""
+    metrics, notes = _previous(out_dir)
+    for part, (m, n) in (("convergence", convergence_part(results)), ("attention", attention_part(results)),
+                         ("kernel", kernel_part(out_dir))):
+        if not n:
+            continue
+        owned = _owned(part)
+        metrics = {k: v for k, v in metrics.items() if not owned(k)}
+        metrics.update(m)
+        notes.update(n)
+    notes["run"] = ("scripts/bench/issue3_gpu.sh 1 (convergence, throughput), then 2 (attention; the ablation is "
+                    "docs/bench/ablation.json); protocol in docs/architecture.md.")
+    order = ["convergence", "throughput", "attention", "kernel", "run"]
+    text = "\n".join(f"[{tag}] {notes[tag]}" for tag in order + sorted(set(notes) - set(order)) if tag in notes)
+    return metrics, text, markdown_table(metrics)
+
+
+def markdown_table(metrics: dict) -> str:
+    lines = ["| metric | value | target | met |", "|---|---:|---|---|"]
+    for key, (target, test) in METRIC_TARGETS.items():
+        if key in metrics:
+            met = "" if test is None else ("yes" if test(metrics[key]) else "**no**")
+            lines.append(f"| {key} | {metrics[key]} | {target} | {met} |")
+        else:
+            lines.append(f"| {key} | (not measured) | {target} | |")
+    for key in sorted(k for k in metrics if k.startswith("attention_time_ratio_") and k not in METRIC_TARGETS):
+        lines.append(f"| {key} | {metrics[key]} | | |")  # other sequence lengths (--tiny)
+    return "\n".join(lines)

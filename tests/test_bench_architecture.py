@@ -1,0 +1,95 @@
+"""The architecture benchmark's curve arithmetic: loss crossings, training time from metrics records, merging."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+import curves  # noqa: E402
+import report_architecture  # noqa: E402
+
+
+def test_crossing_interpolates_between_the_evaluations_around_the_target():
+    curve = [(10.0, 5.0), (20.0, 4.0), (30.0, 3.0), (40.0, 2.5)]
+    assert curves.crossing(curve, 3.5) == pytest.approx(25.0)
+    assert curves.crossing(curve, 3.0) == pytest.approx(30.0)  # reached exactly at an evaluation
+    assert curves.crossing(curve, 2.75) == pytest.approx(35.0)
+    assert curves.crossing(curve, 2.0) is None  # never reached
+    assert curves.crossing(curve, 6.0) == 10.0  # already below at the first evaluation: its x, an upper bound
+
+
+def test_crossing_takes_the_first_time_a_noisy_curve_gets_there():
+    curve = [(1.0, 4.0), (2.0, 3.0), (3.0, 3.4), (4.0, 2.9)]  # dips to 3.0, rises, then falls below
+    assert curves.crossing(curve, 3.2) == pytest.approx(1.8)
+
+
+def _records(rates: list[float], per_step: int = 100, every: int = 10, vals: dict | None = None) -> list[dict]:
+    """Log records every `every` steps at the given tokens/s, plus val records {step: loss}."""
+    out = []
+    for i, rate in enumerate(rates, start=1):
+        out.append({"step": i * every, "loss": 5.0, "tokens": i * every * per_step, "tokens_per_s": rate,
+                    "elapsed_s": 0.0})
+        if vals and i * every in vals:
+            out.append({"step": i * every, "val_loss": vals[i * every]})
+    return out
+
+
+def test_training_time_sums_each_interval_at_its_own_rate():
+    records = _records([500.0, 1000.0, 1000.0])  # 1000 tokens per interval
+    times = curves.train_time_curve(records)
+    assert times == [(0.0, 0.0), (1000.0, 2.0), (2000.0, 3.0), (3000.0, 4.0)]
+    assert curves.interpolate(times, 2500.0) == pytest.approx(3.5)
+    assert curves.steady_tokens_per_s(records, skip_tokens=1000) == pytest.approx(1000.0)
+    assert curves.steady_tokens_per_s(records) == pytest.approx(750.0)  # 3000 tokens in 4 s
+    with pytest.raises(ValueError):
+        curves.interpolate(times, 3500.0)
+
+
+def test_val_curve_counts_tokens_from_the_step():
+    records = _records([1000.0] * 4, vals={20: 4.0, 40: 3.0})
+    assert curves.val_curve(records) == [(2000, 4.0), (4000, 3.0)]
+    assert curves.tokens_per_step(records) == 100
+
+
+def _run(tmp_path: Path, name: str, records: list[dict], steps: int, planned: int) -> dict:
+    run = tmp_path / name
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return {"run": str(run), "config": f"configs/{name}.toml", "overrides": ["optim.warmup_steps=2"],
+            "ended": "end", "steps": steps, "planned_steps": planned, "wall_s": 10.0, "params": 3,
+            "block_params": 2, "matmul_params": 2}
+
+
+def test_report_measures_the_crossing_against_gpt2s_final_loss(tmp_path):
+    # gpt2: 8 log intervals of 1000 tokens at 1000 tok/s (8 s), final val loss 3.0 at 8000 tokens.
+    gpt2 = _run(tmp_path, "gpt2", _records([1000.0] * 8, vals={40: 3.5, 80: 3.0}), 80, 80)
+    gpt2["final_val_loss"] = 3.0
+    # tscale: twice as fast; val 3.2 at 2000 tokens, 2.8 at 3000: crosses 3.0 at 2500 tokens, 1.25 s.
+    tscale = _run(tmp_path, "tscale", _records([2000.0] * 3, vals={10: 4.0, 20: 3.2, 30: 2.8}), 30, 40)
+    metrics, notes = report_architecture.convergence_part({"gpt2": gpt2, "tscale": tscale})
+    assert metrics["convergence_tokens_ratio"] == pytest.approx(2500 / 8000, abs=1e-4)
+    assert metrics["convergence_time_ratio"] == pytest.approx(1.25 / 8.0, abs=1e-4)
+    assert metrics["throughput_ratio"] == pytest.approx(2.0)
+    assert "tscale reached it" in notes["convergence"]
+
+    tscale["final_val_loss"] = None
+    slow = _run(tmp_path, "slow", _records([2000.0] * 3, vals={30: 3.1}), 30, 40)
+    metrics, notes = report_architecture.convergence_part({"gpt2": gpt2, "tscale": slow})
+    assert "convergence_tokens_ratio" not in metrics and "did NOT reach it" in notes["convergence"]
+
+
+def test_report_keeps_the_other_parts_metrics(tmp_path):
+    previous = {"metrics": {"convergence_tokens_ratio": 0.4, "throughput_ratio": 1.3, "attention_time_ratio_1024": 0.9},
+                "notes": "[convergence] old run\n[attention] old attention"}
+    (tmp_path / "architecture.json").write_text(json.dumps(previous))
+    attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
+                          "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
+                          "path": "FlexAttention"}}
+    metrics, notes, table = report_architecture.build_report({"attention": attention}, tmp_path, None)
+    assert metrics["convergence_tokens_ratio"] == 0.4 and metrics["throughput_ratio"] == 1.3
+    assert metrics["attention_time_ratio_1024"] == pytest.approx(0.5)
+    assert "[convergence] old run" in notes and "old attention" not in notes
+    assert "attention_kernel.json absent" in notes
+    assert "| attention_time_ratio_1024 | 0.5 | <= 0.5 | yes |" in table
