@@ -23,14 +23,45 @@ def extension():
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if not arch:
             os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;8.6;8.9;9.0"
+        lt = _cublaslt()  # the fp8 / int8 GEMMs of csrc/fp8 (gemm_cublaslt.cu)
         return cpp_extension.CUDAExtension(
             "tscale._C",
             cpp_sources + cuda_sources,
-            define_macros=[("TSCALE_WITH_CUDA", "1")],
+            define_macros=[("TSCALE_WITH_CUDA", "1"), *lt["define_macros"]],
+            include_dirs=lt["include_dirs"],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
-            extra_link_args=["-fopenmp"],
+            extra_link_args=["-fopenmp", *lt["extra_link_args"]],
         )
     return cpp_extension.CppExtension("tscale._C", cpp_sources, extra_compile_args=cxx_flags, extra_link_args=["-fopenmp"])
+
+
+def _cublaslt() -> dict:
+    """Compile and link arguments for cuBLASLt, found in CUDA_HOME or in pip's nvidia/cu13 (nvidia/cublas) package.
+
+    A full toolkit has include/cublasLt.h and lib64/libcublasLt.so; the pip package (what a CUDA
+    build of torch installs) has only the versioned libcublasLt.so.N, so that one is linked by name.
+    Not found: TSCALE_WITH_CUBLASLT stays undefined, the GEMM kernels are left out and tscale.ops
+    uses torch's products instead.
+    """
+    roots = [cpp_extension.CUDA_HOME]
+    try:
+        import nvidia  # namespace package of the pip CUDA libraries
+
+        roots += [os.path.join(base, sub) for base in nvidia.__path__ for sub in ("cu13", "cublas", "cu12")]
+    except ImportError:
+        pass
+    for root in filter(None, roots):
+        include = os.path.join(root, "include")
+        if not os.path.isfile(os.path.join(include, "cublasLt.h")):
+            continue
+        for libdir in (os.path.join(root, "lib64"), os.path.join(root, "lib")):
+            names = sorted((os.path.basename(p) for p in glob.glob(os.path.join(libdir, "libcublasLt.so*"))), key=len)
+            if names:
+                lib = "-lcublasLt" if names[0] == "libcublasLt.so" else f"-l:{names[0]}"
+                return {"define_macros": [("TSCALE_WITH_CUBLASLT", "1")], "include_dirs": [include],
+                        "extra_link_args": [f"-L{libdir}", lib, f"-Wl,-rpath,{libdir}"]}
+    print("setup.py: cuBLASLt not found; building without the fp8 / int8 GEMM kernels")
+    return {"define_macros": [], "include_dirs": [], "extra_link_args": []}
 
 
 def _torch_has_cuda() -> bool:

@@ -11,15 +11,25 @@ quantize(x (M, K) float, dtype, axis=None, transpose=False)
 fp8_mm(a (M, K) fp8, b (K, N) fp8, scale_a () | (M, 1), scale_b () | (1, N), out_dtype) -> (M, N)
 int8_mm(a (M, K) int8, b (K, N) int8, scale_a, scale_b, out_dtype) -> (M, N)
     out = (a @ b) * scale_a * scale_b: the scales are applied to the exact (int32 / fp32) sums.
+    b is typically the transpose of a row-major (N, K) weight (column-major), as cuBLAS wants it.
 
-References are plain torch (dequantise-and-matmul in fp32). Fast paths: quantize runs the
-tscale._C kernel (csrc/fp8) when built; on CUDA the products run torch._scaled_mm /
-torch._int_mm where their shape rules allow, on CPU fp8_mm is the reference and int8_mm
-runs torch._int_mm (exact int32 sums).
+References are plain torch (dequantise-and-matmul in fp32). quantize runs the tscale._C kernel
+(csrc/fp8) when built. The products try these paths in order and take the first whose rules hold:
+  cublaslt   tscale._C's cuBLASLt kernels (csrc/fp8/gemm_cublaslt.cu; CUDA, K and N multiples of 16,
+             fp8 on compute capability >= 8.9, int8 on >= 7.5): autotuned algorithms, fp8 scales in
+             cuBLASLt's epilogue, int8 as exact int32 sums plus one fused scaling pass
+  torch      torch._scaled_mm (CUDA, all dims multiples of 16; rowwise needs e4m3 and a bf16 result) /
+             torch._int_mm (CUDA with M > 16 and K, N multiples of 8; and the CPU) with the scales after
+  reference  the fp32 product of the quantised values, then the scales (the CPU's fp8)
+The environment variable TSCALE_LOWPREC_GEMM picks the paths (for benchmarks and debugging):
+  auto (default): cublaslt, then torch, then the reference; cublaslt / torch: only that one, then the
+  reference; reference: always the reference. It is read at every call. A path that raises for a
+  problem (shapes and dtypes) is logged once and skipped for that problem from then on.
 """
 
 import functools
 import logging
+import os
 
 import torch
 
@@ -110,13 +120,54 @@ def _check_mm_args(name: str, a, b, scale_a, scale_b, dtypes) -> None:
         raise ValueError(f"{name}: scale_b must be () or (1, {N}), got {tuple(scale_b.shape)}")
 
 
+GEMM_PATHS = ("auto", "cublaslt", "torch", "reference")
+LT_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _fallbacks_said: set[str] = set()
+_paths_said: set[tuple[str, str]] = set()
+_failed: set[tuple] = set()  # (path, problem) pairs that raised once
+
+
+def gemm_path_setting() -> str:
+    """TSCALE_LOWPREC_GEMM: "auto" (default), "cublaslt", "torch" or "reference"."""
+    value = os.environ.get("TSCALE_LOWPREC_GEMM", "").strip().lower() or "auto"
+    if value not in GEMM_PATHS:
+        raise ValueError(f"TSCALE_LOWPREC_GEMM={value!r}: expected one of {', '.join(GEMM_PATHS)}")
+    return value
 
 
 def _fallback(what: str, err: Exception) -> None:
     if what not in _fallbacks_said:
         _fallbacks_said.add(what)
-        log.warning("ops: %s failed (%s); using the reference for it", what, str(err).splitlines()[0])
+        log.warning("ops: %s failed (%s); using the next path for it", what, str(err).splitlines()[0])
+
+
+@functools.cache
+def _gemm_kernel_on(device_type: str) -> bool:
+    """Whether tscale._C has the cuBLASLt product kernels for this device type (built with CUDA and cuBLASLt)."""
+    if device_type != "cuda" or not kernels_usable_on("cuda"):
+        return False
+    try:
+        return all(torch._C._dispatch_has_kernel_for_dispatch_key(f"tscale::{op}", "CUDA")
+                   for op in ("fp8_gemm", "int8_gemm"))
+    except RuntimeError:  # the build predates the ops
+        return False
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _cublaslt_ok(kind: str, a, b, out_dtype) -> bool:
+    """The rules of our cuBLASLt kernels: CUDA, K and N multiples of 16, fp8 on sm_89+, int8 on sm_75+."""
+    if a.device.type != "cuda" or not _gemm_kernel_on("cuda"):
+        return False
+    K, N = b.shape
+    if K == 0 or K % 16 or N % 16 or out_dtype not in LT_OUT_DTYPES:
+        return False
+    if kind == "fp8" and a.dtype == b.dtype == torch.float8_e5m2:
+        return False
+    return _capability(a.device.index) >= ((8, 9) if kind == "fp8" else (7, 5))
 
 
 def _scaled_mm_ok(a, b, scale_a, scale_b, out_dtype) -> bool:
@@ -131,34 +182,101 @@ def _scaled_mm_ok(a, b, scale_a, scale_b, out_dtype) -> bool:
     return a.dtype == b.dtype == torch.float8_e4m3fn and out_dtype == torch.bfloat16
 
 
+def _torch_ok(kind: str, a, b, scale_a, scale_b, out_dtype) -> bool:
+    if kind == "fp8":
+        return a.device.type == "cuda" and _scaled_mm_ok(a, b, scale_a, scale_b, out_dtype)
+    M, K = a.shape
+    N = b.shape[1]
+    return a.device.type == "cpu" or (a.device.type == "cuda" and M > 16 and K % 8 == 0 and N % 8 == 0)
+
+
+def _problem(kind: str, a, b, scale_a, scale_b, out_dtype) -> tuple:
+    return (kind, str(a.device), a.dtype, b.dtype, *a.shape, b.shape[1], scale_a.numel() == 1, scale_b.numel() == 1,
+            out_dtype)
+
+
+def product_paths(kind: str, a, b, scale_a, scale_b, out_dtype) -> list[str]:
+    """The paths fp8_mm (kind "fp8") or int8_mm ("int8") tries for these operands, in order; "reference" is last."""
+    setting = gemm_path_setting()
+    problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
+    paths = []
+    if setting in ("auto", "cublaslt") and _cublaslt_ok(kind, a, b, out_dtype):
+        paths.append("cublaslt")
+    if setting in ("auto", "torch") and _torch_ok(kind, a, b, scale_a, scale_b, out_dtype):
+        paths.append("torch")
+    return [p for p in paths if (p, problem) not in _failed] + ["reference"]
+
+
+def _lt_operands(a, b, scale_a, scale_b):
+    """a row-major, b column-major, both 16-byte aligned; float32 contiguous scales: what the kernels check."""
+    a = a.contiguous()
+    if a.data_ptr() % 16:
+        a = a.clone()
+    if not b.t().is_contiguous() or b.data_ptr() % 16:
+        b = b.t().clone(memory_format=torch.contiguous_format).t()  # (K, N), column-major
+    return a, b, scale_a.float().contiguous(), scale_b.float().contiguous()
+
+
+def _fp8_cublaslt(a, b, scale_a, scale_b, out_dtype):
+    return torch.ops.tscale.fp8_gemm(*_lt_operands(a, b, scale_a, scale_b), out_dtype)
+
+
+def _int8_cublaslt(a, b, scale_a, scale_b, out_dtype):
+    return torch.ops.tscale.int8_gemm(*_lt_operands(a, b, scale_a, scale_b), out_dtype)
+
+
+def _fp8_torch(a, b, scale_a, scale_b, out_dtype):
+    tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
+    sa = scale_a.float().reshape(()) if tensorwise else scale_a.float().contiguous()
+    sb = scale_b.float().reshape(()) if tensorwise else scale_b.float().contiguous()
+    b_cm = b if b.t().is_contiguous() else b.t().contiguous().t()  # (K, N), column-major
+    return torch._scaled_mm(a.contiguous(), b_cm, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+
+
+def _int8_torch(a, b, scale_a, scale_b, out_dtype):
+    acc = torch._int_mm(a.contiguous(), b)  # (M, N) int32, exact
+    return (acc.float() * scale_a.float() * scale_b.float()).to(out_dtype)
+
+
+_PATHS = {"fp8": {"cublaslt": _fp8_cublaslt, "torch": _fp8_torch},
+          "int8": {"cublaslt": _int8_cublaslt, "torch": _int8_torch}}
+
+
+def _say(kind: str, path: str, device_type: str) -> None:
+    if (kind, path) not in _paths_said:
+        _paths_said.add((kind, path))
+        log.info("ops: %s products via %s (first on %s)", kind, path, device_type)
+
+
+def _product(kind: str, a, b, scale_a, scale_b, out_dtype) -> torch.Tensor:
+    """The first path of product_paths that runs; the reference (always last) cannot fail."""
+    problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
+    for path in product_paths(kind, a, b, scale_a, scale_b, out_dtype):
+        if path == "reference":
+            break
+        try:
+            out = _PATHS[kind][path](a, b, scale_a, scale_b, out_dtype)
+        except RuntimeError as e:
+            _failed.add((path, problem))
+            _fallback(f"{path} {kind} product {a.dtype} x {b.dtype} -> {out_dtype} at M={a.shape[0]} "
+                      f"N={b.shape[1]} K={a.shape[1]} on {a.device.type}", e)
+            continue
+        _say(kind, path, a.device.type)
+        return out
+    _say(kind, "reference", a.device.type)
+    return _scaled_product_reference(a, b, scale_a, scale_b, out_dtype)
+
+
 def fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
            out_dtype: torch.dtype) -> torch.Tensor:
     _check_mm_args("fp8_mm", a, b, scale_a, scale_b, FP8_DTYPES)
-    if a.device.type == "cuda" and _scaled_mm_ok(a, b, scale_a, scale_b, out_dtype):
-        tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
-        sa = scale_a.float().reshape(()) if tensorwise else scale_a.float().contiguous()
-        sb = scale_b.float().reshape(()) if tensorwise else scale_b.float().contiguous()
-        b_cm = b if b.t().is_contiguous() else b.t().contiguous().t()  # (K, N), column-major
-        try:
-            return torch._scaled_mm(a.contiguous(), b_cm, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
-        except RuntimeError as e:
-            _fallback(f"torch._scaled_mm {a.dtype}x{b.dtype}->{out_dtype}", e)
-    return fp8_mm_reference(a, b, scale_a, scale_b, out_dtype)
+    return _product("fp8", a, b, scale_a, scale_b, out_dtype)
 
 
 def int8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
             out_dtype: torch.dtype) -> torch.Tensor:
     _check_mm_args("int8_mm", a, b, scale_a, scale_b, (torch.int8,))
-    M, K = a.shape
-    N = b.shape[1]
-    usable = a.device.type == "cpu" or (a.device.type == "cuda" and M > 16 and K % 8 == 0 and N % 8 == 0)
-    if usable:
-        try:
-            acc = torch._int_mm(a.contiguous(), b)  # (M, N) int32, exact
-            return (acc.float() * scale_a.float() * scale_b.float()).to(out_dtype)
-        except RuntimeError as e:
-            _fallback(f"torch._int_mm on {a.device.type}", e)
-    return int8_mm_reference(a, b, scale_a, scale_b, out_dtype)
+    return _product("int8", a, b, scale_a, scale_b, out_dtype)
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -168,18 +286,39 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     return mm(a, b, scale_a, scale_b, out_dtype)
 
 
-def _register_fake() -> None:
-    """Shapes of tscale::quantize for torch.compile (only when the built extension has the op)."""
-    if not (_quantize_kernel_on("cpu") or _quantize_kernel_on("cuda")):
-        return
+def _op_defined(name: str) -> bool:
+    try:
+        torch._C._get_schema(f"tscale::{name}", "")
+        return True
+    except RuntimeError:
+        return False
 
-    @torch.library.register_fake("tscale::quantize")
-    def _(x, dtype, axis, transpose):
-        M, K = x.shape
-        scale_shape = () if axis is None else ((1, K) if axis == 0 else (M, 1))
-        q = x.new_empty((M, K), dtype=dtype)
-        q_t = x.new_empty((K, M) if transpose else (0,), dtype=dtype)
-        return q, x.new_empty(scale_shape, dtype=torch.float32), q_t
+
+def _register_fake() -> None:
+    """Shapes of the tscale._C ops for torch.compile (only those the built extension defines)."""
+    if not kernels_usable_on("cpu"):  # tscale._C not loaded: no op to describe
+        return
+    if _op_defined("quantize"):
+        @torch.library.register_fake("tscale::quantize")
+        def _(x, dtype, axis, transpose):
+            M, K = x.shape
+            scale_shape = () if axis is None else ((1, K) if axis == 0 else (M, 1))
+            q = x.new_empty((M, K), dtype=dtype)
+            q_t = x.new_empty((K, M) if transpose else (0,), dtype=dtype)
+            return q, x.new_empty(scale_shape, dtype=torch.float32), q_t
+
+    if _op_defined("fp8_gemm"):
+        @torch.library.register_fake("tscale::fp8_gemm")
+        def _(a, b, scale_a, scale_b, out_dtype, fuse_scales=True, fast_accum=False):
+            return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+        @torch.library.register_fake("tscale::int8_gemm")
+        def _(a, b, scale_a, scale_b, out_dtype):
+            return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+        @torch.library.register_fake("tscale::int8_gemm_i32")
+        def _(a, b):
+            return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
 
 
 _register_fake()
