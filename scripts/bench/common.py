@@ -14,13 +14,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str:
+    """TSCALE_COMMIT if set (a tree copied without its history), else HEAD of this checkout (+ "-dirty")."""
+    if os.environ.get("TSCALE_COMMIT"):
+        return os.environ["TSCALE_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("TSCALE_COMMIT", "unknown")
+        return "unknown"
 
 
 def gpu_name() -> str:

@@ -3,17 +3,18 @@
 #
 #   source scripts/device/setup_env.sh LOG_DIR     (from the repository root)
 #
-# Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system compilers: a
-# toolchain that links libstdc++ statically breaks TORCH_CHECK messages), MAX_JOBS and
-# TORCH_CUDA_ARCH_LIST (this GPU only, for a short build). Prints the build time.
+# Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
+# machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++
+# statically made the tests segfault), MAX_JOBS and TORCH_CUDA_ARCH_LIST (this GPU's
+# capability, e.g. 9.0, ignoring a preset such as 9.0a). Prints the build time.
 LOG_DIR=${1:?usage: source scripts/device/setup_env.sh LOG_DIR}
 mkdir -p "$LOG_DIR"
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$LOG_DIR/wheels.log" 2>&1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export CC=${CC:-gcc} CXX=${CXX:-g++} MAX_JOBS=${MAX_JOBS:-$(nproc)}
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")}
+export CC=${TSCALE_CC:-gcc} CXX=${TSCALE_CXX:-g++} MAX_JOBS=${MAX_JOBS:-$(nproc)}
+TORCH_CUDA_ARCH_LIST=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
 export TORCH_CUDA_ARCH_LIST
 t0=$(date +%s)
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$LOG_DIR/build.log" 2>&1; then
