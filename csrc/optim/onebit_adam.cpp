@@ -1,7 +1,8 @@
 // The elementwise passes of 1-bit Adam's frozen-variance phase, each fused into one pass (CPU).
 //
-// onebit_adam_fold_(g, m, d, beta1, bound):  g = (1 - beta1) clamp(g / d, -bound, bound) + beta1 m / d
-//   this rank's next preconditioned momentum u, written over its gradient (before compression)
+// onebit_adam_fold_(g, m, inv_d, beta1, bound):  g = (1 - beta1) clamp(g inv_d, -bound, bound) + beta1 m inv_d
+//   this rank's next preconditioned momentum u, written over its gradient (before compression);
+//   inv_d = 1 / d is kept with the frozen denominators, so the pass has no division
 // onebit_adam_step_(p, m, u, d, decay, step_size):  m = u d;  p = decay p - step_size u
 //   the optimizer step from the exchanged u (decay = 1 - lr wd, step_size = lr / (1 - beta1^t))
 //
@@ -25,18 +26,18 @@ void check_same(const char* op, const at::Tensor& a, const char* name, const at:
   TORCH_CHECK(a.device() == ref.device(), op, ": ", name, " is on another device");
 }
 
-void onebit_adam_fold_cpu(at::Tensor& g, const at::Tensor& m, const at::Tensor& d, double beta1, double bound) {
+void onebit_adam_fold_cpu(at::Tensor& g, const at::Tensor& m, const at::Tensor& inv_d, double beta1, double bound) {
   check_same("onebit_adam_fold_", g, "g", g);
   check_same("onebit_adam_fold_", m, "m", g);
-  check_same("onebit_adam_fold_", d, "d", g);
+  check_same("onebit_adam_fold_", inv_d, "inv_d", g);
   float* gp = g.data_ptr<float>();
   const float* mp = m.data_ptr<float>();
-  const float* dp = d.data_ptr<float>();
+  const float* ip = inv_d.data_ptr<float>();
   const float b1 = static_cast<float>(beta1), keep = static_cast<float>(1.0 - beta1), hi = static_cast<float>(bound);
   at::parallel_for(0, g.numel(), kGrain, [&](int64_t lo, int64_t end) {
     for (int64_t i = lo; i < end; ++i) {
-      const float scaled = std::min(std::max(gp[i] / dp[i], -hi), hi);
-      gp[i] = scaled * keep + (mp[i] / dp[i]) * b1;
+      const float scaled = std::min(std::max(gp[i] * ip[i], -hi), hi);
+      gp[i] = scaled * keep + (mp[i] * ip[i]) * b1;
     }
   });
 }
@@ -63,7 +64,7 @@ void onebit_adam_step_cpu(at::Tensor& p, at::Tensor& m, const at::Tensor& u, con
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
-  m.def("onebit_adam_fold_(Tensor(a!) g, Tensor m, Tensor d, float beta1, float bound) -> ()");
+  m.def("onebit_adam_fold_(Tensor(a!) g, Tensor m, Tensor inv_d, float beta1, float bound) -> ()");
   m.def("onebit_adam_step_(Tensor(a!) p, Tensor(b!) m, Tensor u, Tensor d, float decay, float step_size) -> ()");
 }
 

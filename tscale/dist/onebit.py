@@ -142,8 +142,9 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
         if hi <= lo:
             break
         bits_r, scales_r = _split_packed(row, S)
-        if hi - lo == S and buffer.dtype == torch.float32:
-            unpack_signs_accumulate_(buffer[lo:hi].zero_(), bits_r, scales_r, chunk)
+        if buffer.dtype == torch.float32:  # a short last slice: its first hi - lo values (chunks start at lo)
+            L = hi - lo
+            unpack_signs_accumulate_(buffer[lo:hi].zero_(), bits_r[: -(-L // 8)], scales_r[: -(-L // chunk)], chunk)
         else:
             buffer[lo:hi] = unpack_signs(bits_r, scales_r, S, chunk)[: hi - lo]
     return _done(buffer)

@@ -24,22 +24,22 @@ class AdamW(torch.optim.AdamW):
         super().__init__(params, **kwargs)
         self.freeze_variance_at = freeze_variance_at
         self._group_of = {id(p): group for group in self.param_groups for p in group["params"]}
-        self._frozen: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # id(p) -> (d, v == 0 or None)
+        self._frozen: dict[int, tuple] = {}  # id(p) -> (d, 1 / d, v == 0 or None)
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
         self._frozen.clear()
 
-    def _frozen_denom(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(d, mask): d = sqrt(v / (1 - beta2^T)) + eps of the variance frozen at step T, kept
-        once computed (v no longer changes), and where v == 0 (None if nowhere)."""
+    def _frozen_denom(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(d, 1 / d, mask): d = sqrt(v / (1 - beta2^T)) + eps of the variance frozen at step T,
+        kept once computed (v no longer changes), its inverse, and where v == 0 (None if nowhere)."""
         cached = self._frozen.get(id(p))
         if cached is None:
             group = self._group_of[id(p)]
             v = self.state[p]["exp_avg_sq"]
             d = (v / (1 - group["betas"][1] ** self.freeze_variance_at)).sqrt_().add_(group["eps"])
             zero = v == 0
-            cached = self._frozen[id(p)] = (d, zero if zero.any() else None)
+            cached = self._frozen[id(p)] = (d, d.reciprocal(), zero if zero.any() else None)
         return cached
 
     @torch.no_grad()
@@ -51,13 +51,13 @@ class AdamW(torch.optim.AdamW):
         seen after the warm-up, moves p by at most what Adam would have moved it.
         """
         beta1, beta2 = self._group_of[id(p)]["betas"]
-        d = self._frozen_denom(p)[0].view_as(g)
+        inv_d = self._frozen_denom(p)[1].view_as(g)
         bound = (1 - beta2) ** -0.5
         m = self.state[p].get("exp_avg")
         if m is None:
-            g.div_(d).clamp_(-bound, bound).mul_(1 - beta1)
+            g.mul_(inv_d).clamp_(-bound, bound).mul_(1 - beta1)
         else:
-            onebit_adam_fold_(g, m.view_as(g), d, beta1, bound)
+            onebit_adam_fold_(g, m.view_as(g), inv_d, beta1, bound)
 
     def steps_taken(self) -> int:
         for group in self.param_groups:
@@ -81,7 +81,7 @@ class AdamW(torch.optim.AdamW):
                 m_correction = 1 - beta1 ** float(state["step"])
                 # p.grad: the averaged u = m / d; coordinates that never had a gradient (v == 0,
                 # e.g. padded vocabulary rows) stay still, since 1 bit cannot say zero
-                d, zero = self._frozen_denom(p)
+                d, _, zero = self._frozen_denom(p)
                 u = p.grad if zero is None else p.grad.masked_fill_(zero, 0.0)
                 onebit_adam_step_(p, state["exp_avg"], u, d, 1 - lr * wd, lr / m_correction)
         return None
