@@ -95,11 +95,11 @@ def main() -> None:
     for size in args.sizes:
         tokens = train_prefix(folder, int(size))
         if tokens is None:
-            print(f"skipping {size:.0e}: the folder has {folder.num_tokens('train'):,} training tokens")
+            print(f"skipping {size:.2g}: the folder has {folder.num_tokens('train'):,} training tokens")
             continue
         row = measure(tokens, folder.vocab_size, folder.eos_id, query, args.repeats)
-        rows[f"{size:.0e}"] = row
-        print(f"{size:.0e}: {row}", flush=True)
+        rows[f"{size:.2g}"] = row
+        print(f"{size:.2g}: {row}", flush=True)
         del tokens
     for key, row in rows.items():
         for name in ("sort_tokens_per_s_per_core", "lookup_tokens_per_s_per_core", "lookup_us_per_token_per_core",
