@@ -142,7 +142,7 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
         if hi <= lo:
             break
         bits_r, scales_r = _split_packed(row, S)
-        if buffer.dtype == torch.float32:  # a short last slice: its first hi - lo values (chunks start at lo)
+        if buffer.dtype == torch.float32:  # the slice's first L values (chunks start at lo): a short last slice too
             L = hi - lo
             unpack_signs_accumulate_(buffer[lo:hi].zero_(), bits_r[: -(-L // 8)], scales_r[: -(-L // chunk)], chunk)
         else:

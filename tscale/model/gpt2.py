@@ -16,9 +16,8 @@ import torch.nn.functional as F
 
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
-from tscale.model.index_adapter import check_features, make_adapter
+from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import token_losses
 
 VOCAB_MULTIPLE = 64
 
@@ -117,8 +116,7 @@ class GPT2(nn.Module):
             raise ValueError(f"sequence of {start + T} positions exceeds model.seq_len {self.cfg.seq_len}")
         pos = torch.arange(start, start + T, device=idx.device)
         x = self.wte(idx)  # (B, T, C)
-        if self.index is not None:
-            x = self.index.embed(x, index)
+        x = embed_inputs(self.index, x, index)
         x = x + self.wpe(pos)
         x = F.dropout(x, self.cfg.dropout, self.training)
         for i, block in enumerate(self.blocks):
@@ -127,9 +125,7 @@ class GPT2(nn.Module):
             cache.advance(T)
         hidden = self.ln_f(x)  # (B, T, C)
         logits = self.lm_head(hidden)[..., : self.cfg.vocab_size]  # (B, T, V)
-        if self.index is not None:
-            return self.index.output(hidden, logits, index, targets)
-        return logits if targets is None else token_losses(logits, targets)
+        return head_output(self.index, hidden, logits, index, targets)
 
     def matmul_params(self) -> int:
         """Parameters that take part in matrix products per token (embedding lookups excluded, head included)."""

@@ -38,6 +38,19 @@ class IndexAdapter(nn.Module):
         return self.mixer.nll(hidden, logits, *feats, targets)
 
 
+def embed_inputs(adapter: IndexAdapter | None, x: torch.Tensor, feats: IndexFeatures | None) -> torch.Tensor:
+    """A model's token embeddings x (B, T, C), plus the index's input embeddings when it has them."""
+    return x if adapter is None else adapter.embed(x, feats)
+
+
+def head_output(adapter: IndexAdapter | None, hidden: torch.Tensor, logits: torch.Tensor,
+                feats: IndexFeatures | None, targets: torch.Tensor | None) -> torch.Tensor:
+    """What a model's forward returns: logits (B, T, V) or, with the mixer, mixed log-probs; per-token losses with targets."""
+    if adapter is None:
+        return logits if targets is None else token_losses(logits, targets)
+    return adapter.output(hidden, logits, feats, targets)
+
+
 def make_adapter(vocab_size: int, dim: int, cfg: IndexConfig | None) -> IndexAdapter | None:
     return IndexAdapter(vocab_size, dim, cfg) if cfg is not None and cfg.enabled else None
 

@@ -17,9 +17,8 @@ import torch.nn.functional as F
 
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
-from tscale.model.index_adapter import check_features, make_adapter
+from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import token_losses
 from tscale.ops.attention import attention
 
 VOCAB_MULTIPLE = 64
@@ -172,8 +171,7 @@ class TScaleLM(nn.Module):
         if start + T > c.seq_len:
             raise ValueError(f"sequence of {start + T} positions exceeds model.seq_len {c.seq_len}")
         x = self.wte(idx)  # (B, T, C)
-        if self.index is not None:
-            x = self.index.embed(x, index)
+        x = embed_inputs(self.index, x, index)
         x = _plain_norm(c, x)
         rope = None
         if c.rope:
@@ -194,9 +192,7 @@ class TScaleLM(nn.Module):
         if c.logit_softcap:
             logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
         logits = logits[..., : c.vocab_size]  # (B, T, V)
-        if self.index is not None:
-            return self.index.output(hidden, logits, index, targets)
-        return logits if targets is None else token_losses(logits, targets)
+        return head_output(self.index, hidden, logits, index, targets)
 
     def matmul_params(self) -> int:
         """Parameters that take part in matrix products per token: the blocks' matrices and the head."""
