@@ -45,7 +45,7 @@ def embed_inputs(adapter: IndexAdapter | None, x: torch.Tensor, feats: IndexFeat
 
 def head_output(adapter: IndexAdapter | None, hidden: torch.Tensor, logits: torch.Tensor,
                 feats: IndexFeatures | None, targets: torch.Tensor | None) -> torch.Tensor:
-    """What a model's forward returns: logits (B, T, V) or, with the mixer, mixed log-probs; per-token losses with targets."""
+    """The forward's result: logits (B, T, V), mixed log-probs with the mixer, per-token losses (B, T) with targets."""
     if adapter is None:
         return logits if targets is None else token_losses(logits, targets)
     return adapter.output(hidden, logits, feats, targets)
