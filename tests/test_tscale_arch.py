@@ -210,3 +210,16 @@ def test_tscale_with_muon_learns(tokens, tmp_path):
     train_run(cfg, tmp_path / "run", quiet=True)
     curve = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5 - 0.5
+
+
+def test_tied_head_starts_with_logits_of_order_one():
+    """A tied embedding doubles as the head: its init must not push the first logits into the soft-cap."""
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, head_dim=16, d_model=256, seq_len=16, vocab_size=300, eos_id=0,
+               arch="tscale", logit_softcap=30.0)
+    tied = build_model(ModelConfig(**cfg, tie_embeddings=True)).eval()
+    idx = torch.randint(1, 300, (2, 16))  # (B, T)
+    with torch.no_grad():
+        logits = tied(idx)  # (B, T, V)
+    assert tied.lm_head.weight is tied.wte.weight
+    assert 0.2 < logits.std().item() < 3.0

@@ -137,7 +137,11 @@ class TScaleLM(nn.Module):
         self.index = make_adapter(cfg.vocab_size, cfg.d_model, index)
 
     def _init_weights(self) -> None:
-        """Matrices ~ N(0, 0.5 / sqrt(fan_in)); embeddings ~ N(0, 1) (they are normalised); projections zero."""
+        """Matrices ~ N(0, 0.5 / sqrt(fan_in)); embeddings ~ N(0, 1) (they are normalised); projections zero.
+
+        A token embedding tied to the head is N(0, 1 / d_model) instead, so that the first logits
+        are of order 1 (with N(0, 1) they would be of order sqrt(d_model), deep in the soft-cap).
+        """
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.5 * module.in_features ** -0.5)
@@ -145,6 +149,8 @@ class TScaleLM(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=1.0)
+        if self.cfg.tie_embeddings:
+            nn.init.normal_(self.wte.weight, std=self.cfg.d_model ** -0.5)
         if self.cfg.zero_init:
             for block in self.blocks:
                 nn.init.zeros_(block.attn.proj.weight)
