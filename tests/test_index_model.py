@@ -149,11 +149,26 @@ def test_mixed_log_probs_sum_to_one_and_training_nll_is_their_gather(world):
                                  torch.tensor([[7, 8]])), torch.full((1, 2), float(np.log(300))))
 
 
+def test_feature_dropout_blanks_whole_windows_only():
+    g = torch.Generator().manual_seed(1)
+    nxt = torch.randint(0, 300, (64, 8, 4), generator=g)
+    feats = IndexFeatures(torch.randint(1, 40, (64, 8), generator=g), nxt, torch.randint(1, 6, (64, 8, 4), generator=g))
+    torch.manual_seed(0)
+    dropped = feats.drop_windows(0.5)
+    blank = dropped.match_len.eq(0).all(1)  # (B,)
+    assert 10 < int(blank.sum()) < 54
+    none = IndexFeatures.empty(64, 8, 4)
+    for got, orig, empty in zip(dropped, feats, none):
+        assert torch.equal(got[blank], empty[blank])  # a dropped window: "no match" at every position
+        assert torch.equal(got[~blank], orig[~blank])  # the others untouched
+    assert all(torch.equal(a, b) for a, b in zip(feats.drop_windows(0.0), feats))
+
+
 @pytest.mark.parametrize("mode,arch", [("inputs", "gpt2"), ("mixer", "tscale"), ("both", "tscale")])
 def test_train_cli_with_index(world, tmp_path, mode, arch):
     root, tokens, raw, _, _ = world
     switches = {"inputs": ["index.inputs=true"], "mixer": ["index.mixer=true"],
-                "both": ["index.inputs=true", "index.mixer=true"]}[mode]
+                "both": ["index.inputs=true", "index.mixer=true", "index.dropout=0.5"]}[mode]
     args = [a for s in [*TINY, f'model.arch="{arch}"', "train.steps=4", "train.eval_every=2", "train.eval_batches=2",
                         f'index.path="{raw}"', *switches] for a in ("--set", s)]
     result = CliRunner().invoke(main, ["train", *args, "--tokens", str(tokens), "-o", str(tmp_path / "run"), "--quiet"])

@@ -7,13 +7,15 @@ GPT-2 BPE, made by `tscale tokenize`), it runs the real stages as subprocesses:
    per-token lookups training needs (leave-one-out for training tokens);
 2. `tscale build-index --decontaminate N` for each N of --decontaminate (default 32, then 13):
    the same minus every training document that shares an N-token span with a validation one;
-3. `tscale train` twice from the same config, seed and token budget, so both models read the
-   same windows, each at most once (one pass): with the index (index.inputs + index.mixer,
-   features of the raw index) and without it;
-4. `tscale eval --index RAW --index DEC...` of both models on every validation token.
+3. `tscale train` from the same config, seed and token budget, so all models read the same
+   windows, each at most once (one pass): without the index, and once per --variant with it
+   (features of the raw index; default: one variant "index" = index.inputs + index.mixer);
+4. `tscale eval --index RAW --index DEC...` of every model on every validation token.
 
 ppl_reduction_X = 1 - ppl(model with index, lookups in index X) / ppl(model without index).
-The headline `ppl_reduction_decontaminated` uses the first N. Why 32 and not the GPT-3 / lm-eval
+The headline `ppl_reduction_*` metrics are the first variant's; every other variant's are
+recorded as `quality_variant_<name>_<metric>`. The headline `ppl_reduction_decontaminated`
+uses the first N. Why 32 and not the GPT-3 / lm-eval
 "13-gram" rule: decontamination here drops whole documents, and on mix + code-slice a 13-gram
 shared with validation occurs in 97.5% of the training tokens' documents (kernel files share
 license headers and include lists; the dictionary's letter files share entry markup), which
@@ -26,6 +28,7 @@ recorded for each index. Stages whose output is complete are kept, so a run stop
 limit continues where it stopped when started again (--fresh starts over).
 
   python scripts/bench/index_quality.py TOKENS [--train-tokens 65536000] [--work .cache/bench-index-quality]
+      [--variant NAME=KEY=VALUE[,KEY=VALUE...]]...   e.g. --variant mixer=index.mixer=true
   python scripts/bench/index_quality.py TOKENS --tiny      # CPU, tiny model, minutes; writes under --work
 """
 
@@ -118,6 +121,14 @@ def last_rate(run: Path) -> float | None:
     return rates[-1] if rates else None
 
 
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """"NAME=KEY=VALUE,KEY=VALUE" -> (NAME, ["KEY=VALUE", ...])."""
+    name, _, sets = text.partition("=")
+    if not name.isidentifier() or name == "base" or not sets:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...], NAME not 'base'")
+    return name, sets.split(",")
+
+
 def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
     """ppl reductions overall, below 16 and per bucket, and bucket shares, for each index name (in eval order)."""
     m = {"quality_ppl_without_index": round(base["perplexity"], 4), "quality_val_tokens": base["val_tokens"]}
@@ -166,7 +177,10 @@ def main() -> None:
     ap.add_argument("--max-memory-gb", type=float, default=24.0, help="for sorting suffix arrays")
     ap.add_argument("--eval-batch-size", type=int, default=32)
     ap.add_argument("--max-eval-tokens", type=int, help="score at most this many val tokens")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="extra config override, both runs")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="extra config override, every run")
+    ap.add_argument("--variant", dest="variants", action="append", type=parse_variant,
+                    help="NAME=KEY=VALUE[,...]: a model trained with the index and these overrides (repeatable; "
+                         "the first is the headline) [default: index=index.inputs=true,index.mixer=true]")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU; results go to --work, not docs/")
     ap.add_argument("--fresh", action="store_true", help="delete --work first")
     ap.add_argument("--out", type=Path, help="folder of index.json [default: docs/bench, or --work with --tiny]")
@@ -206,19 +220,23 @@ def main() -> None:
     index_s = time.perf_counter() - t_index
 
     config = None if args.tiny else args.config
-    runs = {"index": work / "run-index", "base": work / "run-base"}
-    seconds = {
-        "index": train(config, [*run_sets, f'index.path="{raw}"', "index.inputs=true", "index.mixer=true"], tokens,
-                       runs["index"], steps, log),
-        "base": train(config, run_sets, tokens, runs["base"], steps, log),
-    }
+    variants = dict(args.variants or [("index", ["index.inputs=true", "index.mixer=true"])])
+    head = next(iter(variants))
+    runs = {**{name: work / f"run-{name}" for name in variants}, "base": work / "run-base"}
+    seconds = {name: train(config, [*run_sets, f'index.path="{raw}"', *sets], tokens, runs[name], steps, log)
+               for name, sets in variants.items()}
+    seconds["base"] = train(config, run_sets, tokens, runs["base"], steps, log)
     extra = ["--batch-size", args.eval_batch_size, *(["--max-tokens", args.max_eval_tokens] if args.max_eval_tokens else []),
              *(["--device", "cpu"] if args.tiny else [])]
     indexes = [raw, *decs]
     evals = {k: evaluate(run, tokens, indexes, work / f"eval-{k}.json", log, extra) for k, run in runs.items()}
 
     names = ["raw", "decontaminated", *[f"decontaminated_{n}" for n in args.decontaminate[1:]]]
-    metrics = quality_metrics(evals["base"], evals["index"], names)
+    metrics = quality_metrics(evals["base"], evals[head], names)
+    for name in variants:
+        if name != head:
+            metrics.update({f"quality_variant_{name}_{k}": v for k, v in quality_metrics(evals["base"], evals[name], names).items()
+                            if k not in ("quality_ppl_without_index", "quality_val_tokens") and "_share_" not in k})
     manifests = [json.loads((d / "manifest.json").read_text()) for d in decs]
     for name, m in zip(names[1:], manifests):
         metrics[f"quality_{name}_ngram"] = m["decontamination"]["ngram"]
@@ -227,17 +245,18 @@ def main() -> None:
     metrics.update({
         "quality_train_tokens_per_model": steps * per_step,
         "quality_train_windows_available": windows,
-        "quality_train_tokens_per_s_with_index": round(rates["index"] or 0),
+        "quality_train_tokens_per_s_with_index": round(rates[head] or 0),
         "quality_train_tokens_per_s_without_index": round(rates["base"] or 0),
         "quality_index_stage_seconds": round(index_s, 1),
     })
-    if seconds["index"] and seconds["base"]:
-        metrics["quality_train_seconds_both"] = round(seconds["index"] + seconds["base"], 1)
+    if all(seconds.values()):
+        metrics["quality_train_seconds_all"] = round(sum(seconds.values()), 1)
     arch = cfg.model.arch
     notes = (f"{arch} {cfg.model.n_layer}x{cfg.model.d_model}, seq_len {cfg.model.seq_len}, {steps} steps x {per_step} tokens "
              f"({steps * per_step:,} tokens, one pass: no window read twice), same seed and windows with and without "
-             f"the index; with it: index.inputs + index.mixer (top-{cfg.index.topk}, delta {cfg.index.delta}) trained on "
-             f"the raw index's leave-one-out features. Evaluated on {metrics['quality_val_tokens']:,} validation tokens, "
+             f"the index; with it (top-{cfg.index.topk}, delta {cfg.index.delta}, trained on the raw index's leave-one-out "
+             f"features), variants {', '.join(f'{n}: ' + ' '.join(v) for n, v in variants.items())}; headline metrics: "
+             f"{head}, the others under quality_variant_<name>_*. Evaluated on {metrics['quality_val_tokens']:,} validation tokens, "
              f"lookups against the raw index and the indexes decontaminated at N = {args.decontaminate} (whole training "
              f"documents sharing an N-token span with validation dropped). ppl_reduction = 1 - ppl_with / ppl_without; "
              f"quality_ppl_reduction_<bucket>_<index>: the same on the tokens whose context matched that many tokens; "

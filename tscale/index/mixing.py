@@ -54,6 +54,12 @@ class IndexFeatures(NamedTuple):
     def pin_memory(self) -> "IndexFeatures":
         return IndexFeatures(*(t.pin_memory() for t in self))
 
+    def drop_windows(self, p: float) -> "IndexFeatures":
+        """Each window (row) independently, with probability p, as if the index had no match anywhere in it."""
+        keep = torch.rand(self.match_len.shape[0], 1, device=self.match_len.device) >= p  # (B, 1)
+        return IndexFeatures(self.match_len * keep, torch.where(keep.unsqueeze(-1), self.next_tokens, -1),
+                             self.counts * keep.unsqueeze(-1))
+
     @staticmethod
     def empty(batch: int, seq_len: int, topk: int, device=None) -> "IndexFeatures":
         """No match anywhere: what a model sees where the index knows nothing."""

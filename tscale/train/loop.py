@@ -203,6 +203,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         """(B, T) ids [+ index features] -> scalar; one graph under compile, logits never kept."""
         if feats is None:
             return mean_loss(replicas.module(x), y)
+        if cfg.index.dropout:
+            feats = feats.drop_windows(cfg.index.dropout)
         return replicas.module(x, index=feats, targets=y).mean()
 
     step_loss = torch.compile(forward_loss) if cfg.train.compile else forward_loss
