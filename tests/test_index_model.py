@@ -149,6 +149,30 @@ def test_mixed_log_probs_sum_to_one_and_training_nll_is_their_gather(world):
                                  torch.tensor([[7, 8]])), torch.full((1, 2), float(np.log(300))))
 
 
+@pytest.mark.parametrize("joint", [False, True])
+def test_mixture_loss_trains_the_network_only_when_joint(joint):
+    cfg = ModelConfig(arch="gpt2", n_layer=2, d_model=32, n_head=2, seq_len=SEQ_LEN, vocab_size=300, eos_id=0)
+    torch.manual_seed(0)
+    model = build_model(cfg, IndexConfig(path="x", mixer=True, mixer_joint=joint))
+    plain = build_model(cfg)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(2)
+    x, y = (torch.randint(0, 300, (3, SEQ_LEN), generator=g) for _ in range(2))
+    nxt = torch.where(torch.rand(3, SEQ_LEN, 4, generator=g) < 0.5, y.unsqueeze(-1), torch.randint(0, 300, (3, SEQ_LEN, 4), generator=g))
+    feats = IndexFeatures(torch.randint(0, 40, (3, SEQ_LEN), generator=g), nxt, torch.randint(1, 6, (3, SEQ_LEN, 4), generator=g))
+    with torch.no_grad():
+        model.index.mixer.gate_weight.normal_()
+    nll = model(x, index=feats, targets=y)  # (B, T)
+    with torch.no_grad():
+        mixed = -model(x, index=feats).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(nll, mixed, atol=1e-5)  # the value is the mixture's either way
+    nll.mean().backward()
+    torch.nn.functional.cross_entropy(plain(x).reshape(-1, 300), y.reshape(-1)).backward()
+    same = [torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(model.blocks.parameters(), plain.blocks.parameters())]
+    assert all(same) != joint  # detached: the network's gradient is exactly its own loss's
+    assert model.index.mixer.gate_weight.grad.abs().sum() > 0 and model.index.mixer.length_bias.weight.grad.abs().sum() > 0
+
+
 def test_feature_dropout_blanks_whole_windows_only():
     g = torch.Generator().manual_seed(1)
     nxt = torch.randint(0, 300, (64, 8, 4), generator=g)

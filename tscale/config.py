@@ -177,7 +177,9 @@ class IndexConfig(_Section):
     no index). `inputs` adds embeddings of the index's most frequent next token and of the
     match-length bucket to the token embedding. `mixer` mixes the index's next-token
     distribution (its top `topk` next tokens and counts, add-`delta` smoothed) into the model's
-    with a learned gate; the loss is then the negative log-likelihood of the mixture. `dropout`
+    with a learned gate; the loss is then the negative log-likelihood of the mixture, which
+    trains the gate, while the network trains on its own next-token loss (`mixer_joint = true`:
+    the mixture's loss trains the network too, which measured worse; docs/index.md). `dropout`
     is the share of training windows that see no lookups at all (every position "no match"),
     so the network also learns to predict on its own instead of leaning on the index.
     """
@@ -188,6 +190,7 @@ class IndexConfig(_Section):
     topk: int = Field(4, ge=1, le=64)
     delta: float = Field(1e-5, gt=0, le=1)
     dropout: float = Field(0.0, ge=0, lt=1)
+    mixer_joint: bool = False
 
     @property
     def enabled(self) -> bool:

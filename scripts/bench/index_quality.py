@@ -53,6 +53,7 @@ from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
 
 TINY = ["model.arch=\"gpt2\"", "model.n_layer=2", "model.n_head=2", "model.d_model=64", "model.seq_len=64",
         "train.batch_size=8", "train.compile=false", "train.device=\"cpu\"", "train.eval_batches=4", "optim.lr=3e-3"]
+QUALITY_KEYS = ("quality_", "ppl_reduction_")
 BUCKET_KEYS = dict(zip(bucket_labels(), ["0", "1_3", "4_7", "8_15", "16_31", "ge32"]))
 
 
@@ -145,7 +146,7 @@ def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
 
 
 def merge_record(path: Path, metrics: dict, notes: str) -> dict:
-    """Update docs/bench/index.json's metrics with these, keeping every other metric and the earlier notes."""
+    """Update docs/bench/index.json's metrics with these, keeping the speed metrics and notes (an earlier run's quality metrics go)."""
     command = " ".join(["python", *sys.argv])
     old = json.loads(path.read_text()) if path.is_file() else {}
     kept_notes = old.get("notes", "").split("\n\nQuality (scripts/bench/index_quality.py")[0]
@@ -157,7 +158,7 @@ def merge_record(path: Path, metrics: dict, notes: str) -> dict:
         "gpu": old.get("gpu") or gpu_name(),
         "torch": old.get("torch") or torch.__version__,
         "command": "; ".join([*commands, command]),
-        "metrics": {**old.get("metrics", {}), **metrics},
+        "metrics": {**{k: v for k, v in old.get("metrics", {}).items() if not k.startswith(QUALITY_KEYS)}, **metrics},
         "notes": (kept_notes + "\n\n" if kept_notes else "") + (
             f"Quality (scripts/bench/index_quality.py, {time.strftime('%Y-%m-%d')}, {gpu_name()}, torch "
             f"{torch.__version__}, commit {git_commit()}"

@@ -8,7 +8,8 @@ IndexInputs: embedding of the index's predicted next token (vocab_size + 1 rows,
 "none") plus an embedding of the match-length bucket (0, 1-3, 4-7, 8-15, 16-31, >=32), to be
 added to the token embedding.
 
-IndexMixer: p = (1 - g) p_model + g p_index in probability space, as log-probs. The gate
+IndexMixer: p = (1 - g) p_model + g p_index in probability space, as log-probs (by default
+the mixture's loss trains only the gate, the network keeps its own next-token loss). The gate
 g = sigmoid(w . h + b[length bucket] + c[count bucket]) comes from the hidden state, the
 match-length bucket and the bucket of the summed top-K counts (same edges), and is exactly 0
 where the index has no match. p_index is add-delta smoothed top-K counts:
@@ -112,10 +113,11 @@ def index_target_log_probs(next_tokens: torch.Tensor, counts: torch.Tensor, targ
 class IndexMixer(nn.Module):
     """Gate between the model's and the index's next-token distributions; returns mixed log-probs."""
 
-    def __init__(self, dim: int, vocab_size: int, delta: float = 1e-5, init_bias: float = -2.0):
+    def __init__(self, dim: int, vocab_size: int, delta: float = 1e-5, init_bias: float = -2.0, joint: bool = False):
         super().__init__()
         self.vocab_size = vocab_size
         self.delta = delta
+        self.joint = joint
         self.gate_weight = nn.Parameter(torch.zeros(dim))
         self.length_bias = nn.Embedding(NUM_BUCKETS, 1)
         self.count_bias = nn.Embedding(NUM_BUCKETS, 1)
@@ -146,9 +148,20 @@ class IndexMixer(nn.Module):
 
     def nll(self, hidden: torch.Tensor, logits: torch.Tensor, match_len: torch.Tensor, next_tokens: torch.Tensor,
             counts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """-log p_mixed(target), (B, T) in nats: forward(...) gathered at the targets, computed sparsely."""
+        """-log p_mixed(target), (B, T) in nats: forward(...) gathered at the targets, computed sparsely.
+
+        Unless `joint`, only the value is the mixture's: its gradient trains the gate alone (the
+        network's log-probs and hidden state enter it detached), and the network gets the gradient
+        of its own next-token loss, exactly as without the index. Trained jointly, the network
+        leaves to the index what the index already predicts and ends up a weaker model wherever the
+        index is unsure (docs/index.md, section 7).
+        """
         B, T, V = logits.shape
         model = -F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
         index = index_target_log_probs(next_tokens, counts, targets, self.vocab_size, self.delta)  # (B, T)
-        log_g, log_keep = self._log_gates(hidden, match_len, counts)
-        return -torch.logaddexp(model + log_keep, index + log_g)
+        if self.joint:
+            log_g, log_keep = self._log_gates(hidden, match_len, counts)
+            return -torch.logaddexp(model + log_keep, index + log_g)
+        log_g, log_keep = self._log_gates(hidden.detach(), match_len, counts)
+        mixed = -torch.logaddexp(model.detach() + log_keep, index + log_g)  # (B, T): trains the gate
+        return mixed - (model - model.detach())  # value: mixed; gradient: + the network's own loss
