@@ -45,6 +45,37 @@ def test_pack_feedback_matches_reference(device, n, chunk):
     torch.testing.assert_close(x + bitpack.unpack_signs_reference(bits, scales, n, chunk), original)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,added,chunk", [(16, 13, 8), (4096, 4096, 256), (100_352, 100_003, 1024), (20_480, 1, 2048)])
+def test_pack_feedback_add_is_add_then_pack_feedback(device, n, added, chunk):
+    g = torch.Generator().manual_seed(n + added)
+    x = (torch.randn(n, generator=g) * torch.rand(n, generator=g)).to(device)
+    add = (torch.randn(added, generator=g) * 2).to(device)
+    ref_x = x.clone()
+    ref_x[:added] += add
+    ref_bits, ref_scales = bitpack.pack_signs_feedback_reference(ref_x, chunk)
+    bits, scales = bitpack.pack_signs_feedback_add_(x, add, chunk)
+    assert torch.equal(bits, ref_bits)
+    torch.testing.assert_close(scales, ref_scales, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(x, ref_x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,chunk", [(13, 8), (4096, 256), (100_003, 1024)])
+def test_unpack_into_overwrites(device, n, chunk):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g).to(device)
+    bits, scales = bitpack.pack_signs_reference(x, chunk)
+    out = torch.full((n,), float("nan"), device=device)  # whatever was there must not matter
+    bitpack.unpack_signs_into_(out, bits, scales, chunk)
+    assert torch.equal(out, bitpack.unpack_signs_reference(bits, scales, n, chunk))
+
+
+def test_pack_feedback_add_rejects_a_longer_addend():
+    with pytest.raises(RuntimeError, match="more than"):
+        torch.ops.tscale.pack_signs_feedback_add_(torch.zeros(8), torch.zeros(16), 8)
+
+
 def test_pack_feedback_rejects_strided_input():
     x = torch.randn(64)[::2]
     with pytest.raises(RuntimeError, match="contiguous"):

@@ -8,6 +8,10 @@
 // pack_signs_feedback_(x, chunk) -> (bits, scales) of pack_signs, and in place
 //   x -= unpack_signs(bits, scales): what the signs failed to carry (error feedback). CPU only;
 //   on other devices tscale/ops/bitpack.py composes pack_signs and unpack_signs_accumulate_.
+// pack_signs_feedback_add_(x, add, chunk): x[:len(add)] += add, then pack_signs_feedback_(x, chunk),
+//   in the same pass (a residual plus this step's values, packed). CPU only, as above.
+// unpack_signs_into_(out, bits, scales, chunk): out = unpack_signs(...), written without reading
+//   out. CPU only; elsewhere tscale/ops/bitpack.py zeroes out and accumulates.
 //
 // Chunks are whole bytes, so every chunk is packed and unpacked independently (one OpenMP
 // task per chunk), and a chunk is small enough to stay in L1 between packing it and subtracting
@@ -66,8 +70,9 @@ void subtract_signs(float* xp, float s, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) xp[i] -= xp[i] >= 0.f ? s : -s;
 }
 
+// ap (an values, an <= n) is added into xp first, chunk by chunk, when given.
 std::tuple<at::Tensor, at::Tensor> pack_into(float* xp, int64_t n, int64_t chunk, const at::TensorOptions& opts,
-                                             bool feedback) {
+                                             bool feedback, const float* ap = nullptr, int64_t an = 0) {
   const int64_t n_chunks = (n + chunk - 1) / chunk;
   at::Tensor bits = at::empty({(n + 7) / 8}, opts.dtype(at::kByte));
   at::Tensor scales = at::empty({n_chunks}, opts);
@@ -76,6 +81,7 @@ std::tuple<at::Tensor, at::Tensor> pack_into(float* xp, int64_t n, int64_t chunk
   at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
+      for (int64_t i = lo, end = std::min(hi, an); i < end; ++i) xp[i] += ap[i];
       const float s = static_cast<float>(pack_range(xp, bp, lo, hi) / static_cast<double>(hi - lo));
       sp[c] = s;
       if (feedback) subtract_signs(xp, s, lo, hi);
@@ -94,6 +100,17 @@ std::tuple<at::Tensor, at::Tensor> pack_signs_feedback_cpu(at::Tensor& x, int64_
   check_pack_args(x, chunk);
   TORCH_CHECK(x.is_contiguous(), "pack_signs_feedback_: x must be contiguous (it is updated in place)");
   return pack_into(x.data_ptr<float>(), x.numel(), chunk, x.options(), true);
+}
+
+std::tuple<at::Tensor, at::Tensor> pack_signs_feedback_add_cpu(at::Tensor& x, const at::Tensor& add_in, int64_t chunk) {
+  check_pack_args(x, chunk);
+  TORCH_CHECK(x.is_contiguous(), "pack_signs_feedback_add_: x must be contiguous (it is updated in place)");
+  TORCH_CHECK(add_in.dim() == 1 && add_in.scalar_type() == at::kFloat && add_in.device() == x.device(),
+              "pack_signs_feedback_add_: add must be 1-D float32 on x's device");
+  TORCH_CHECK(add_in.numel() <= x.numel(), "pack_signs_feedback_add_: add has ", add_in.numel(),
+              " values, more than x's ", x.numel());
+  const at::Tensor add = add_in.contiguous();
+  return pack_into(x.data_ptr<float>(), x.numel(), chunk, x.options(), true, add.data_ptr<float>(), add.numel());
 }
 
 // kSigns[b][j] = +1 if bit j of byte b is set, else -1: a byte decodes to eight floats with one
@@ -148,9 +165,15 @@ at::Tensor unpack_signs_cpu(const at::Tensor& bits, const at::Tensor& scales, in
 }
 
 void unpack_signs_accumulate_cpu(at::Tensor& out, const at::Tensor& bits, const at::Tensor& scales, int64_t chunk) {
-  check_accumulate_out(out, bits);
+  check_accumulate_out(out, bits, "unpack_signs_accumulate_");
   check_unpack_args(bits, scales, out.numel(), chunk);
   unpack_into(bits, scales, out, chunk, true);
+}
+
+void unpack_signs_into_cpu(at::Tensor& out, const at::Tensor& bits, const at::Tensor& scales, int64_t chunk) {
+  check_accumulate_out(out, bits, "unpack_signs_into_");
+  check_unpack_args(bits, scales, out.numel(), chunk);
+  unpack_into(bits, scales, out, chunk, false);
 }
 
 }  // namespace
@@ -160,6 +183,8 @@ TORCH_LIBRARY_FRAGMENT(tscale, m) {
   m.def("unpack_signs(Tensor bits, Tensor scales, int numel, int chunk) -> Tensor");
   m.def("unpack_signs_accumulate_(Tensor(a!) out, Tensor bits, Tensor scales, int chunk) -> ()");
   m.def("pack_signs_feedback_(Tensor(a!) x, int chunk) -> (Tensor, Tensor)");
+  m.def("pack_signs_feedback_add_(Tensor(a!) x, Tensor add, int chunk) -> (Tensor, Tensor)");
+  m.def("unpack_signs_into_(Tensor(a!) out, Tensor bits, Tensor scales, int chunk) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {
@@ -167,6 +192,8 @@ TORCH_LIBRARY_IMPL(tscale, CPU, m) {
   m.impl("unpack_signs", &unpack_signs_cpu);
   m.impl("unpack_signs_accumulate_", &unpack_signs_accumulate_cpu);
   m.impl("pack_signs_feedback_", &pack_signs_feedback_cpu);
+  m.impl("pack_signs_feedback_add_", &pack_signs_feedback_add_cpu);
+  m.impl("unpack_signs_into_", &unpack_signs_into_cpu);
 }
 
 }  // namespace tscale

@@ -21,10 +21,10 @@ inline void check_unpack_args(const at::Tensor& bits, const at::Tensor& scales, 
   TORCH_CHECK(bits.device() == scales.device(), "unpack_signs: bits and scales must be on one device");
 }
 
-inline void check_accumulate_out(const at::Tensor& out, const at::Tensor& bits) {
-  TORCH_CHECK(out.dim() == 1 && out.is_contiguous() && out.scalar_type() == at::kFloat,
-              "unpack_signs_accumulate_: out must be contiguous 1-D float32");
-  TORCH_CHECK(out.device() == bits.device(), "unpack_signs_accumulate_: out and bits must be on one device");
+inline void check_accumulate_out(const at::Tensor& out, const at::Tensor& bits, const char* op) {
+  TORCH_CHECK(out.dim() == 1 && out.is_contiguous() && out.scalar_type() == at::kFloat, op,
+              ": out must be contiguous 1-D float32");
+  TORCH_CHECK(out.device() == bits.device(), op, ": out and bits must be on one device");
 }
 
 }  // namespace tscale

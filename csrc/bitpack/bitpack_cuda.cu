@@ -145,7 +145,7 @@ at::Tensor unpack_signs_cuda(const at::Tensor& bits, const at::Tensor& scales, i
 }
 
 void unpack_signs_accumulate_cuda(at::Tensor& out, const at::Tensor& bits, const at::Tensor& scales, int64_t chunk) {
-  check_accumulate_out(out, bits);
+  check_accumulate_out(out, bits, "unpack_signs_accumulate_");
   check_unpack_args(bits, scales, out.numel(), chunk);
   const c10::cuda::CUDAGuard guard(out.device());
   if (reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0) {

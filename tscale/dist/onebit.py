@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from tscale.errors import UserError
-from tscale.ops import pack_signs_feedback_, unpack_signs, unpack_signs_accumulate_
+from tscale.ops import pack_signs_feedback_, pack_signs_feedback_add_, unpack_signs, unpack_signs_accumulate_, unpack_signs_into_
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -120,9 +120,8 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
     W, chunk, n = state.world, state.chunk, buffer.numel()
     worker, server = state.residuals(index, n, buffer.device)
     S = worker.numel() // W  # slice length, a multiple of chunk
-    worker[:n] += buffer  # (n_pad,) x = g + e_worker
-    bits, scales = pack_signs_feedback_(worker, chunk)  # (n_pad/8,), (n_pad/chunk,); worker = x - decoded
-    worker[n:].zero_()  # padding carries nothing over
+    bits, scales = pack_signs_feedback_add_(worker, buffer, chunk)  # x = e_worker + g; (n_pad/8,), (n_pad/chunk,)
+    worker[n:].zero_()  # worker = x - decoded; padding carries nothing over
     send = _packed_bytes(bits, scales, W).reshape(-1)  # (W * part,), part = S/8 + 4 S/chunk
     part = send.numel() // W
     state.bytes_sent += 2 * (W - 1) * part
@@ -144,7 +143,7 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
         bits_r, scales_r = _split_packed(row, S)
         if buffer.dtype == torch.float32:  # the slice's first L values (chunks start at lo): a short last slice too
             L = hi - lo
-            unpack_signs_accumulate_(buffer[lo:hi].zero_(), bits_r[: -(-L // 8)], scales_r[: -(-L // chunk)], chunk)
+            unpack_signs_into_(buffer[lo:hi], bits_r[: -(-L // 8)], scales_r[: -(-L // chunk)], chunk)
         else:
             buffer[lo:hi] = unpack_signs(bits_r, scales_r, S, chunk)[: hi - lo]
     return _done(buffer)

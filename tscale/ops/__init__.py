@@ -5,6 +5,8 @@ variable TSCALE_OPS=reference to force the references (tests compare the two thi
 """
 
 from tscale.ops.backend import backend, kernels_available
-from tscale.ops.bitpack import pack_signs, pack_signs_feedback_, unpack_signs, unpack_signs_accumulate_
+from tscale.ops.bitpack import (pack_signs, pack_signs_feedback_, pack_signs_feedback_add_, unpack_signs,
+                                unpack_signs_accumulate_, unpack_signs_into_)
 
-__all__ = ["backend", "kernels_available", "pack_signs", "pack_signs_feedback_", "unpack_signs", "unpack_signs_accumulate_"]
+__all__ = ["backend", "kernels_available", "pack_signs", "pack_signs_feedback_", "pack_signs_feedback_add_", "unpack_signs",
+           "unpack_signs_accumulate_", "unpack_signs_into_"]

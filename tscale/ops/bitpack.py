@@ -6,6 +6,10 @@ unpack_signs(bits, scales, N, chunk) -> (N,) float32, scales[i // chunk] * (+1 o
 unpack_signs_accumulate_(out, bits, scales, chunk): out += unpack_signs(bits, scales, N, chunk)
 pack_signs_feedback_(x, chunk) -> pack_signs(x, chunk), and x -= unpack_signs(bits, scales, N, chunk) in place
     (error feedback: x keeps what the signs failed to carry; one pass on CPU, two kernels elsewhere)
+pack_signs_feedback_add_(x, add, chunk): x[:len(add)] += add, then pack_signs_feedback_(x, chunk)
+    (one pass on CPU)
+unpack_signs_into_(out, bits, scales, chunk): out = unpack_signs(bits, scales, N, chunk), in place
+    (written without reading out on CPU)
 
 mean |x| is the scale that minimises ||x - s * sign(x)||^2, so a chunk keeps its L1 mass.
 `chunk` must be a multiple of 8 so that chunks start on byte boundaries.
@@ -83,3 +87,19 @@ def pack_signs_feedback_(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, tor
         torch.ops.tscale.unpack_signs_accumulate_(x, bits, -scales, chunk)
         return bits, scales
     return pack_signs_feedback_reference(x, chunk)
+
+
+def pack_signs_feedback_add_(x: torch.Tensor, add: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (N,) float32 contiguous, add (n <= N,): x[:n] += add, then pack_signs_feedback_(x, chunk)."""
+    if x.device.type == "cpu" and add.dtype == torch.float32 and _use_kernel(x):
+        return torch.ops.tscale.pack_signs_feedback_add_(x, add.reshape(-1), chunk)
+    x[: add.numel()] += add.reshape(-1)
+    return pack_signs_feedback_(x, chunk)
+
+
+def unpack_signs_into_(out: torch.Tensor, bits: torch.Tensor, scales: torch.Tensor, chunk: int) -> None:
+    """out (N,) float32 contiguous <- unpack_signs(bits, scales, N, chunk)."""
+    if out.device.type == "cpu" and _use_kernel(out):
+        torch.ops.tscale.unpack_signs_into_(out, bits, scales, chunk)
+    else:
+        unpack_signs_accumulate_(out.zero_(), bits, scales, chunk)

@@ -254,15 +254,19 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                     loss.backward()
                 loss_sum += loss.detach()
             clip = cfg.optim.grad_clip if replicas.clips() else 0.0
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)
+            final = step + 1 == cfg.train.steps
+            log_now = (step + 1) % cfg.train.log_every == 0 or final
+            if clip:
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            elif log_now:  # without clipping the norm is only logged: two passes over the gradients saved per step
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if on_step is not None:
                 on_step(step, model)
 
-            final = step == cfg.train.steps
-            if step % cfg.train.log_every == 0 or final:
+            if log_now:
                 now = time.time()
                 last_loss = env.mean(loss_sum).item() / (step - step_at_log)
                 tps = tokens_per_step * (step - step_at_log) / max(now - t_log, 1e-9)
