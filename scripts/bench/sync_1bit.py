@@ -7,8 +7,8 @@ qdisc on both ends (scripts/bench/netns_1gbit.sh, needs root); one `tscale train
 host, Gloo over 10.77.0.x. The step time of a run is the median of its per-step times from
 metrics.jsonl (log_every 1, no evaluation, no checkpoints), after the fp32 warm-up for 1-bit
 runs. Quality: the same model and batch, 2 processes on loopback (the loss does not depend on
-the link), `--quality-steps` steps uncompressed and with 1-bit Adam (fp32 for the first 20%),
-validation loss at the last step. All processes share this machine's cores, so compute is
+the link), `--quality-steps` steps uncompressed and with 1-bit Adam (fp32 for the first
+`--quality-warmup` of them, 30% by default), validation loss at the last step. All processes share this machine's cores, so compute is
 small on purpose (a short sequence, batch 1) and the numbers vary with the load: the script
 prints the load average and repeats the speed runs `--repeats` times.
 """
@@ -105,7 +105,7 @@ def speed(args, world: int, work: Path) -> dict:
 
 
 def quality(args, work: Path) -> dict:
-    warm = args.quality_steps // 5
+    warm = round(args.quality_steps * args.quality_warmup)
     common = [f"train.steps={args.quality_steps}", "train.log_every=10", f"train.eval_every={args.quality_steps}",
               f"train.eval_batches={args.eval_batches}"]
     out = {}
@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--speed-steps-fp32", type=int, default=12)
     ap.add_argument("--speed-steps-1bit", type=int, default=25)
     ap.add_argument("--quality-steps", type=int, default=300)
+    ap.add_argument("--quality-warmup", type=float, default=0.3, help="share of the quality run before compression")
     ap.add_argument("--eval-batches", type=int, default=200)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="compute precision (CPU autocast) of every run; the exchanged values are float32 either way")
@@ -180,7 +181,7 @@ def main() -> None:
              f"compute, float32 weights and exchange, Gloo, {os.cpu_count()} cores; "
              f"speed: one process per network namespace, veths capped at 1 Gbit/s (tbf), median step time, "
              f"{len(results['speed'][args.worlds[0]]['none'])} repeats (spread in docs/BENCHMARKS.md); quality: 2 processes on loopback, "
-             f"{args.quality_steps} steps, 1-bit after {args.quality_steps // 5} fp32 steps")
+             f"{args.quality_steps} steps, 1-bit after {round(args.quality_steps * args.quality_warmup)} fp32 steps")
     print(json.dumps(metrics, indent=1))
     print(write_record("sync_1bit", metrics, notes, args.out_dir))
 
