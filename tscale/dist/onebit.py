@@ -14,10 +14,19 @@ of n gradients goes through two phases, each rank sending about n/8 bytes:
   server:  y = mean over ranks of unpack(slice r) + e_server;  pack y;  e_server = y - unpack(...)
   phase 2: all_gather of the packed y slices; every rank unpacks all W into the bucket
 
+On CPU (Gloo) the hook returns once phase 1 is on its way: the server's work, phase 2 and
+the final unpacking run in completion callbacks while the backward goes on, so the link's
+latency hides behind the remaining buckets' compute. Phase 2 has a process group of its own,
+and the callbacks issue it in bucket order (a ticket per bucket), so every rank enqueues the
+same collectives in the same order on each group. With NCCL both phases run before the hook
+returns.
+
 Every rank decodes the same bytes, so replicas stay identical. The residuals are kept per
 bucket index with their sizes, saved in checkpoints (state_dict) and checked on reload, so a
 bucket layout that changed is an error rather than silently misapplied feedback.
 """
+
+import threading
 
 import torch
 import torch.distributed as dist
@@ -44,6 +53,12 @@ class GradExchange:
         self.sizes: dict[int, int] = {}  # bucket index -> n (unpadded)
         self.bytes_sent = 0  # bytes this rank sent since the last take_bytes()
         self.bytes_fp32 = 0  # what a ring fp32 allreduce of the same buckets would send
+        self.overlap = compression == "onebit" and dist.get_backend(group) == "gloo"
+        self.gather_group = dist.new_group(backend="gloo") if self.overlap else None  # phase 2 (every rank creates it)
+        self._turn = threading.Condition()
+        self._tickets = 0  # buckets whose phase 1 this rank issued (in bucket order, on the backward's thread)
+        self._gathers = 0  # buckets whose phase 2 it issued (in the same order, from callbacks)
+        self._failed: BaseException | None = None  # the first failed exchange: the buckets after it give up
 
     @property
     def compressing(self) -> bool:
@@ -58,6 +73,10 @@ class GradExchange:
     def padded(self, n: int) -> int:
         unit = self.world * self.chunk
         return -(-n // unit) * unit
+
+    def worker_slice(self, n: int) -> int:
+        """S: the values of a bucket of n gradients that each rank serves."""
+        return self.padded(n) // self.world
 
     def residuals(self, index: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The (worker, server) residuals of bucket `index`, created as zeros on first use."""
@@ -113,29 +132,76 @@ def allreduce_mean(state: GradExchange, buffer: torch.Tensor) -> torch.futures.F
 def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     """The two-phase 1-bit average of one flat bucket (n,); the future holds the bucket, averaged.
 
-    Both phases run before the hook returns, so every rank issues its collectives in the same
-    order (bucket after bucket) whatever order the backend completes them in. The residuals are
-    updated in place: a step allocates nothing of the bucket's size.
+    The residuals are updated in place: a step allocates nothing of the bucket's size.
     """
     W, chunk, n = state.world, state.chunk, buffer.numel()
     worker, server = state.residuals(index, n, buffer.device)
-    S = worker.numel() // W  # slice length, a multiple of chunk
     bits, scales = pack_signs_feedback_add_(worker, buffer, chunk)  # x = e_worker + g; (n_pad/8,), (n_pad/chunk,)
     worker[n:].zero_()  # worker = x - decoded; padding carries nothing over
     send = _packed_bytes(bits, scales, W).reshape(-1)  # (W * part,), part = S/8 + 4 S/chunk
     part = send.numel() // W
     state.bytes_sent += 2 * (W - 1) * part
     state.bytes_fp32 += 2 * (W - 1) * n * 4 // W
-
     recv = torch.empty_like(send)  # (W * part,) every rank's packed version of my slice
-    dist.all_to_all_single(recv, send, group=state.group)
+    if not state.overlap:
+        dist.all_to_all_single(recv, send, group=state.group)
+        gathered = torch.empty_like(send)  # (W * part,)
+        _all_gather_flat(gathered, _serve(state, server, recv, W, part), group=state.group)
+        _unpack_average(state, buffer, gathered, W, part)
+        return _done(buffer)
+
+    with state._turn:
+        ticket = state._tickets
+        state._tickets += 1
+    result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def phase2(done: torch.futures.Future) -> None:  # a Gloo thread, once every rank's slice reached this rank
+        try:
+            done.value()  # raises if phase 1 failed
+            mine = _serve(state, server, recv, W, part)
+            gathered = torch.empty_like(send)
+            with state._turn:  # phase 2 in bucket order on every rank
+                state._turn.wait_for(lambda: state._gathers == ticket or state._failed is not None)
+                if state._failed is not None:
+                    raise RuntimeError("1-bit exchange: an earlier bucket's exchange failed") from state._failed
+                work = _all_gather_flat(gathered, mine, group=state.gather_group, async_op=True)
+                state._gathers += 1
+                state._turn.notify_all()
+            work.get_future().then(lambda _f: _finish(result, _f, state, buffer, gathered, W, part))
+        except Exception as e:  # noqa: BLE001 - handed to DDP through the future; later buckets stop waiting
+            with state._turn:
+                state._failed = state._failed or e
+                state._turn.notify_all()
+            result.set_exception(e)
+
+    dist.all_to_all_single(recv, send, group=state.group, async_op=True).get_future().then(phase2)
+    return result
+
+
+def _finish(result: torch.futures.Future, done: torch.futures.Future, state: GradExchange, buffer: torch.Tensor,
+            gathered: torch.Tensor, W: int, part: int) -> None:
+    try:
+        done.value()  # raises if phase 2 failed
+        _unpack_average(state, buffer, gathered, W, part)
+        result.set_result(buffer)
+    except Exception as e:  # noqa: BLE001 - handed to DDP through the future
+        result.set_exception(e)
+
+
+def _serve(state: GradExchange, server: torch.Tensor, recv: torch.Tensor, W: int, part: int) -> torch.Tensor:
+    """This rank's slice of the average from every rank's packed version of it, packed (part,) with feedback."""
+    S, chunk = server.numel(), state.chunk
     for row in recv.view(W, part):  # y = e_server + mean over ranks, accumulated into the residual
         row_bits, row_scales = _split_packed(row, S)
         unpack_signs_accumulate_(server, row_bits, row_scales.div_(W), chunk)
     y_bits, y_scales = pack_signs_feedback_(server, chunk)  # (S/8,), (S/chunk,); server = y - decoded
+    return _packed_bytes(y_bits, y_scales, 1).reshape(-1)
 
-    gathered = torch.empty(W * part, dtype=torch.uint8, device=buffer.device)  # (W * part,)
-    _all_gather_flat(gathered, _packed_bytes(y_bits, y_scales, 1).reshape(-1), group=state.group)
+
+def _unpack_average(state: GradExchange, buffer: torch.Tensor, gathered: torch.Tensor, W: int, part: int) -> None:
+    """Every rank's packed slice of the average (W * part,) -> the bucket (n,)."""
+    n, chunk = buffer.numel(), state.chunk
+    S = state.worker_slice(n)
     for r, row in enumerate(gathered.view(W, part)):  # slice r of the average, straight into the bucket
         lo, hi = r * S, min((r + 1) * S, n)
         if hi <= lo:
@@ -146,7 +212,6 @@ def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.
             unpack_signs_into_(buffer[lo:hi], bits_r[: -(-L // 8)], scales_r[: -(-L // chunk)], chunk)
         else:
             buffer[lo:hi] = unpack_signs(bits_r, scales_r, S, chunk)[: hi - lo]
-    return _done(buffer)
 
 
 def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
