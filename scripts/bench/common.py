@@ -67,3 +67,28 @@ def time_per_call(fn, device: torch.device, repeats: int, warmup: int = 3) -> fl
     for _ in range(repeats):
         fn()
     return (time.perf_counter() - t0) / repeats
+
+
+def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path) -> Path:
+    """Add one part's metrics to docs/bench/NAME.json, keeping the others; a new record if there is none.
+
+    The record's date, commit, gpu and torch stay those of its first part; this part's own go
+    into its paragraph of the notes, which replaces the paragraph of an earlier run of the same
+    part (the same words up to the first ":").
+    """
+    path = out_dir / f"{name}.json"
+    if not path.is_file():
+        return write_record(name, metrics, part_note, out_dir)
+    record = json.loads(path.read_text())
+    head = part_note.split(":", 1)[0]
+    stamp = f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
+    kept = [p for p in record.get("notes", "").split("\n\n") if p and not p.startswith(head + ":")]
+    body = part_note.split(":", 1)[1].strip() if ":" in part_note else part_note
+    record["notes"] = "\n\n".join([*kept, f"{head}: ({stamp}) {body}"])
+    record["metrics"] = {**record.get("metrics", {}), **metrics}
+    command = " ".join(["python", *sys.argv])
+    record["command"] = "; ".join([c for c in record.get("command", "").split("; ") if c and c != command] + [command])
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
+    return path

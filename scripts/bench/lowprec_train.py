@@ -1,0 +1,180 @@
+"""End-to-end training with the low-precision recipes against bf16: tokens/s at 124M and 1.5B, and quality.
+
+    python scripts/bench/lowprec_train.py speed [--sizes 124m 1p5b] [--recipes ...] [--steps 30] [--warmup 10]
+    python scripts/bench/lowprec_train.py quality TOKENS [--train-tokens 100000000] [--recipes ...]
+    add --tiny to either: CPU, a 2-layer model, a few steps (a smoke test; records go to --out-dir)
+
+speed: the real training loop (tscale.train.loop.train_run) on a token folder of random ids,
+gpt2 architecture at 124M (configs/gpt2-124m.toml) and 1.5B (48 x 1600, 25 heads, GPT-2 XL's
+shape), the same batch for every recipe, bf16 autocast and torch.compile; tokens/s is the
+harmonic mean of the rates logged after the warm-up steps (total tokens / total time). One
+process runs every recipe of a size, one after the other.
+
+quality: configs/gpt2-124m.toml on TOKENS (the benchmark corpus of DESIGN.md) for
+--train-tokens tokens, one pass, the same seed and windows for every recipe, each as a
+`tscale train` subprocess that is resumed if stopped (a finished run is kept, so a second call
+continues); then `tscale eval` of each final checkpoint on every validation token in bf16.
+
+Both merge their metrics into docs/bench/lowprec.json (the other metrics stay):
+`{fp8,int8}_vs_bf16_train_speedup_{124m,1p5b}` (fp8 = fp8_tensorwise, int8 = int8_rowwise,
+chosen before measuring: the fastest products of each kind in the gemm benchmark),
+`train_tokens_per_s_<recipe>_<size>` for every recipe run, and `{fp8,int8}_val_loss_rel_diff`
+= (val loss of the recipe - val loss of bf16) / val loss of bf16 with `val_loss_<recipe>`.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, merge_metrics  # noqa: E402
+from train_throughput import VOCAB, random_token_folder  # noqa: E402
+
+import torch  # noqa: E402
+
+from tscale.config import load_config  # noqa: E402
+from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
+from tscale.train.loop import train_run  # noqa: E402
+
+RECIPES = ["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise"]
+HEADLINE = {"fp8": "fp8_tensorwise", "int8": "int8_rowwise"}
+SIZES = {
+    "124m": {"config": "configs/gpt2-124m.toml", "sets": ["train.batch_size=32"]},
+    "1p5b": {"config": "configs/gpt2-124m.toml",
+             "sets": ["model.n_layer=48", "model.n_head=25", "model.d_model=1600", "train.batch_size=8"]},
+}
+TINY = {"config": None, "sets": ['model.arch="gpt2"', "model.n_layer=2", "model.n_head=2", "model.d_model=64",
+                                 "model.seq_len=64", "train.batch_size=4", "train.compile=false", 'train.device="cpu"',
+                                 "train.eval_batches=2", "optim.warmup_steps=2"]}
+
+
+def harmonic_rate(records: list[dict], after_step: int) -> float:
+    """Total tokens / total time over the logged intervals that end after `after_step` (one rate per interval)."""
+    timed = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and r["step"] > after_step]
+    if not timed:
+        raise SystemExit(f"no rate logged after step {after_step}: raise --steps")
+    return len(timed) / sum(1 / r for r in timed)
+
+
+def speedups(rates: dict[str, float], size: str) -> dict:
+    """{recipe rates, fp8 / int8 speedups over bf16} for one size, from {recipe: tokens/s}."""
+    out = {f"train_tokens_per_s_{recipe}_{size}": round(rate) for recipe, rate in rates.items()}
+    for kind, recipe in HEADLINE.items():
+        if recipe in rates and "bf16" in rates:
+            out[f"{kind}_vs_bf16_train_speedup_{size}"] = round(rates[recipe] / rates["bf16"], 4)
+    return out
+
+
+def quality_diffs(losses: dict[str, float]) -> dict:
+    """{val_loss_<recipe>, fp8 / int8 relative differences to bf16} from {recipe: val loss}."""
+    out = {f"val_loss_{recipe}": round(loss, 5) for recipe, loss in losses.items()}
+    for kind, recipe in HEADLINE.items():
+        if recipe in losses and "bf16" in losses:
+            out[f"{kind}_val_loss_rel_diff"] = round((losses[recipe] - losses["bf16"]) / losses["bf16"], 5)
+    return out
+
+
+def speed(args) -> tuple[dict, str]:
+    sizes = {"tiny": TINY} if args.tiny else {s: SIZES[s] for s in args.sizes}
+    log_every = 1 if args.tiny else 5
+    metrics = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size, spec in sizes.items():
+            rates = {}
+            for recipe in args.recipes:
+                sets = [*spec["sets"], f'precision.recipe="{recipe}"', f"train.steps={args.warmup + args.steps}",
+                        "train.eval_every=0", "train.ckpt_every=0", f"train.log_every={log_every}"]
+                cfg = load_config(REPO / spec["config"] if spec["config"] else None, sets)
+                need = (args.warmup + args.steps + 2) * cfg.train.batch_size * (cfg.model.seq_len + 1)
+                tokens = Path(tmp) / f"tokens-{size}"
+                if not tokens.exists():
+                    random_token_folder(tokens, need)
+                cfg = load_config(REPO / spec["config"] if spec["config"] else None, [*sets, f'data.tokens="{tokens}"'])
+                run = Path(tmp) / f"run-{size}-{recipe}"
+                train_run(cfg, run, quiet=True)
+                records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+                rates[recipe] = harmonic_rate(records, args.warmup)
+                print(f"{size} {recipe}: {rates[recipe]:,.0f} tokens/s", flush=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            metrics.update(speedups(rates, size))
+    notes = (f"speed (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, {args.steps} timed steps after "
+             f"{args.warmup}, {'CPU, no compile' if args.tiny else 'bf16 autocast + compile'}, recipes "
+             f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, "
+             f"int8 = {HEADLINE['int8']}")
+    return metrics, notes
+
+
+def tscale(args: list, log: Path) -> None:
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"$ tscale {' '.join(map(str, args))}\n")
+        f.flush()
+        if subprocess.run([sys.executable, "-m", "tscale", *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
+                          cwd=REPO).returncode:
+            sys.exit(f"tscale {args[0]} failed; see {log}")
+
+
+def quality(args) -> tuple[dict, str]:
+    spec = TINY if args.tiny else {"config": "configs/gpt2-124m.toml", "sets": []}
+    cfg = load_config(REPO / spec["config"] if spec["config"] else None, spec["sets"])
+    per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+    steps = max(1, int(args.train_tokens) // per_step)
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "log.txt"
+    losses = {}
+    for recipe in args.recipes:
+        run = work / f"run-{recipe}"
+        done = checkpoint_dirs(run)
+        if not (done and done[-1][0] == steps):
+            if done:
+                tscale(["train", "-o", run, "--resume", "--quiet"], log)
+            else:
+                sets = [*spec["sets"], f'precision.recipe="{recipe}"', f"train.steps={steps}",
+                        f"optim.warmup_steps={max(1, steps // 10)}", f"train.eval_every={steps}",
+                        f"train.ckpt_every={max(1, steps // 4)}", "train.keep_last=1"]
+                config = [REPO / spec["config"]] if spec["config"] else []
+                tscale(["train", *config, *[a for s in sets for a in ("--set", s)], "--tokens", args.tokens.resolve(),
+                        "-o", run, "--quiet"], log)
+        out = work / f"eval-{recipe}.json"
+        if not out.is_file():
+            tscale(["eval", run, "--tokens", args.tokens.resolve(), "--out", out,
+                    *(["--device", "cpu", "--max-tokens", "2000"] if args.tiny else [])], log)
+        losses[recipe] = json.loads(out.read_text())["val_loss"]
+        print(f"{recipe}: val loss {losses[recipe]:.4f}", flush=True)
+    notes = (f"quality (lowprec_train.py quality): {'tiny gpt2' if args.tiny else 'configs/gpt2-124m.toml'}, {steps} steps x "
+             f"{per_step} tokens ({steps * per_step:,} tokens, one pass), same seed and windows per recipe; val loss of "
+             f"`tscale eval` (bf16) on {'2,000' if args.tiny else 'every'} validation token(s)")
+    return quality_diffs(losses), notes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["speed", "quality"])
+    ap.add_argument("tokens", type=Path, nargs="?", help="quality: the token folder to train on")
+    ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=None)
+    ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    ap.add_argument("--steps", type=int, default=30, help="speed: timed steps per run")
+    ap.add_argument("--warmup", type=int, default=10, help="speed: steps before timing (compile included)")
+    ap.add_argument("--train-tokens", type=float, default=100e6, help="quality: tokens per run")
+    ap.add_argument("--work", type=Path, default=REPO / ".cache" / "lowprec-quality", help="quality: run folders")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model")
+    ap.add_argument("--out-dir", type=Path, help="folder of lowprec.json [default: docs/bench; with --tiny required]")
+    args = ap.parse_args()
+    if args.tiny and args.out_dir is None:
+        ap.error("--tiny writes a smoke-test record: give --out-dir (not docs/bench)")
+    if args.mode == "quality" and args.tokens is None:
+        ap.error("quality needs TOKENS (a token folder)")
+    if not args.tiny and not torch.cuda.is_available():
+        sys.exit("lowprec_train: needs a CUDA GPU (or --tiny)")
+    args.recipes = args.recipes or (RECIPES if args.mode == "speed" else ["bf16", *HEADLINE.values()])
+    metrics, notes = speed(args) if args.mode == "speed" else quality(args)
+    print(json.dumps(metrics, indent=1))
+    print(merge_metrics("lowprec", metrics, notes, args.out_dir or REPO / "docs" / "bench"))
+
+
+if __name__ == "__main__":
+    main()

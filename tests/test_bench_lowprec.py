@@ -1,0 +1,40 @@
+"""The low-precision training benchmark's arithmetic and its merging into an existing record."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+import common  # noqa: E402
+import lowprec_train  # noqa: E402
+
+
+def test_rate_is_total_tokens_over_total_time_after_the_warmup():
+    records = [{"step": 5, "tokens_per_s": 10.0}, {"step": 10, "tokens_per_s": 100.0},
+               {"step": 15, "tokens_per_s": 300.0}, {"step": 15, "val_loss": 3.0}]
+    assert lowprec_train.harmonic_rate(records, 5) == pytest.approx(2 / (1 / 100 + 1 / 300))
+    with pytest.raises(SystemExit, match="raise --steps"):
+        lowprec_train.harmonic_rate(records, 15)
+
+
+def test_speedups_and_loss_differences_name_the_headline_recipes():
+    rates = {"bf16": 1000.0, "fp8_tensorwise": 1400.0, "fp8_rowwise": 1300.0, "int8_rowwise": 1250.0}
+    out = lowprec_train.speedups(rates, "1p5b")
+    assert out["fp8_vs_bf16_train_speedup_1p5b"] == 1.4 and out["int8_vs_bf16_train_speedup_1p5b"] == 1.25
+    assert out["train_tokens_per_s_fp8_rowwise_1p5b"] == 1300
+    diffs = lowprec_train.quality_diffs({"bf16": 3.0, "fp8_tensorwise": 3.03, "int8_rowwise": 2.97})
+    assert diffs["fp8_val_loss_rel_diff"] == pytest.approx(0.01) and diffs["int8_val_loss_rel_diff"] == pytest.approx(-0.01)
+    assert "int8_vs_bf16_train_speedup_124m" not in lowprec_train.speedups({"int8_rowwise": 5.0}, "124m")
+
+
+def test_merge_keeps_other_metrics_and_replaces_its_own_paragraph(tmp_path):
+    common.write_record("lp", {"gemm": 1.6}, "gemm part: products", tmp_path)
+    common.merge_metrics("lp", {"speed": 1.1}, "speed (x): first", tmp_path)
+    common.merge_metrics("lp", {"speed": 1.3}, "speed (x): second", tmp_path)
+    record = json.loads((tmp_path / "lp.json").read_text())
+    assert record["metrics"] == {"gemm": 1.6, "speed": 1.3}
+    paragraphs = record["notes"].split("\n\n")
+    assert paragraphs[0] == "gemm part: products" and len(paragraphs) == 2
+    assert paragraphs[1].startswith("speed (x): (") and paragraphs[1].endswith("second")
