@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_attention import doc_ids
 
 from tscale.ops.attention import (_kernel_op, attention, attention_kernel, attention_path, attention_reference,
                                   kernel_unusable_reason)
@@ -33,21 +34,10 @@ needs_sm80 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_dev
                                 reason="the kernel needs sm_80 or newer")
 
 
-def _docs(B: int, T: int, layout: str, g: torch.Generator) -> torch.Tensor | None:
-    if layout == "none":
-        return None
-    if layout == "one":
-        return torch.zeros(B, T, dtype=torch.long)
-    if layout == "each":  # every token its own document
-        return torch.arange(T).expand(B, T).clone()
-    p = {"random": 0.02, "short": 0.5}[layout]  # "short": mostly documents of length 1 or 2
-    return (torch.rand(B, T, generator=g) < p).long().cumsum(1)
-
-
 def _case(B, H, T, D, layout, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(torch.bfloat16) for _ in range(4))
-    docs = _docs(B, T, layout, g)
+    docs = doc_ids(B, T, layout, g)
     move = (lambda t: t.to(device)) if device != "cpu" else (lambda t: t)
     return move(q), move(k), move(v), move(do), (move(docs) if docs is not None else None)
 
@@ -87,7 +77,7 @@ def _check_kernel(q, k, v, do, docs, window, sink, scale=None):
 @needs_kernel
 @needs_sm80
 @pytest.mark.parametrize("sink", [False, True])
-@pytest.mark.parametrize("layout", ["none", "one", "random", "short", "each"])
+@pytest.mark.parametrize("layout", ["none", "one", "sparse", "short", "each"])
 @pytest.mark.parametrize("window", [0, 1, 16, 128, 300])
 @pytest.mark.parametrize("D", [64, 128])
 def test_kernel_matches_reference(D, window, layout, sink):
@@ -101,7 +91,7 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
 def test_kernel_shapes(B, H, T, D):
-    case = _case(B, H, T, D, "random", seed=T, device="cuda")
+    case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
     _check_kernel(*case, window=128, sink=True)
     _check_kernel(*case[:4], None, window=0, sink=False)
 
@@ -117,7 +107,7 @@ def test_kernel_strided_inputs_and_int64_docs():
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, T, D), not contiguous
     assert not q.is_contiguous()
     do = torch.randn(B, T, H, D, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
-    docs = _docs(B, T, "random", g).cuda()
+    docs = doc_ids(B, T, "sparse", g).cuda()
     _check_kernel(q, k, v, do, docs, window=128, sink=True)
 
 
@@ -148,7 +138,7 @@ def test_lonely_rows_are_finite(sink):
 @needs_kernel
 @needs_sm80
 def test_attention_picks_the_kernel_and_compiles():
-    q, k, v, do, docs = _case(2, 2, 96, 128, "random", device="cuda")
+    q, k, v, do, docs = _case(2, 2, 96, 128, "sparse", device="cuda")
     assert attention_path(q, k, v) == "kernel"
     assert attention_path(q.float(), k.float(), v.float()) == "flex"
     assert attention_path(q[:, :, -3:], k, v) == "reference"  # cached decoding
@@ -189,7 +179,7 @@ def emu():
 
 
 EMU_CASES = [  # B, H, T, D, window, layout, sink
-    (1, 2, 130, 64, 16, "random", True),
+    (1, 2, 130, 64, 16, "sparse", True),
     (2, 1, 200, 128, 0, "short", False),
     (1, 1, 100, 128, 1, "each", True),
     (1, 1, 257, 64, 128, "none", False),
@@ -243,7 +233,7 @@ def emulated_op(emu):
 
 
 def test_kernel_custom_op_autograd_fake_and_compile(emulated_op):
-    q, k, v, do, docs = _case(1, 2, 80, 64, "random", seed=3)
+    q, k, v, do, docs = _case(1, 2, 80, 64, "sparse", seed=3)
     kw = dict(window=9, doc_ids=docs, sink=True, scale=0.125)
     want = _reference(q, k, v, do, **kw)
 
@@ -265,7 +255,7 @@ def test_kernel_custom_op_autograd_fake_and_compile(emulated_op):
 # ---------------------------------------------------------------------------------------------
 
 def test_path_selection_on_cpu(monkeypatch):
-    q, k, v, _, docs = _case(1, 2, 40, 64, "random")
+    q, k, v, _, docs = _case(1, 2, 40, 64, "sparse")
     monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
     assert attention_path(q, k, v) == "reference"
     assert "not CUDA" in kernel_unusable_reason(q, k, v)
@@ -283,7 +273,7 @@ def test_path_selection_on_cpu(monkeypatch):
 
 def test_forced_paths_agree_on_cpu(monkeypatch):
     monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
-    q, k, v, _, docs = _case(2, 2, 50, 64, "random", seed=4)
+    q, k, v, _, docs = _case(2, 2, 50, 64, "sparse", seed=4)
     q, k, v = q.float(), k.float(), v.float()
     kw = dict(window=7, doc_ids=docs, sink=True, scale=0.2)
     want = attention_reference(q, k, v, **kw)

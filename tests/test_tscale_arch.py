@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers_attention import doc_ids
 
 from tscale.config import ModelConfig, load_config
 from tscale.data.shards import TokenFolder
@@ -35,14 +36,7 @@ def _qkv(B=2, H=2, Tq=40, Tk=40, D=16, dtype=torch.float32, seed=0):
 
 
 def _docs(B, T, layout, seed=0):
-    if layout == "none":
-        return None
-    if layout == "one":
-        return torch.zeros(B, T, dtype=torch.long)
-    if layout == "each":  # every token its own document
-        return torch.arange(T).expand(B, T).clone()
-    g = torch.Generator().manual_seed(seed)
-    return (torch.rand(B, T, generator=g) < 0.15).long().cumsum(1)
+    return doc_ids(B, T, layout, torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("window", [0, 1, 7])
