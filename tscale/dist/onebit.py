@@ -9,7 +9,7 @@ of n gradients goes through two phases, each rank sending about n/8 bytes:
    synchronised momentum over its frozen denominator d = sqrt(v_hat) + eps: AdamW.fold_gradient)
   pad the bucket to n_pad = a multiple of W * chunk; rank r is the "server" of slice r (S = n_pad / W)
   worker:  x = g + e_worker;  (bits, scales) = pack_signs(x, chunk);  e_worker = x - unpack(...)
-           (one pass: pack_signs_feedback_)
+           (one pass: pack_signs_feedback_add_)
   phase 1: all_to_all: slice r of every rank's packed x goes to rank r
   server:  y = mean over ranks of unpack(slice r) + e_server;  pack y;  e_server = y - unpack(...)
   phase 2: all_gather of the packed y slices; every rank unpacks all W into the bucket
@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from tscale.errors import UserError
-from tscale.ops import pack_signs_feedback_, pack_signs_feedback_add_, unpack_signs, unpack_signs_accumulate_, unpack_signs_into_
+from tscale.ops import (pack_signs_feedback_, pack_signs_feedback_add_, unpack_signs, unpack_signs_accumulate_,
+                        unpack_signs_into_)
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
