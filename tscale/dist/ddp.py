@@ -6,6 +6,7 @@ the order gradients became ready. The 1-bit residuals are per bucket, so with co
 data consumed): every real step of every (re)started process then sees the same buckets.
 """
 
+import datetime
 from contextlib import nullcontext
 from typing import Callable
 
@@ -31,7 +32,8 @@ class Replicas:
             # gradients are views into DDP's buckets: no copy into the bucket and back each step
             self.module = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_cap_mb,
                                                   gradient_as_bucket_view=True)
-            self.exchange = GradExchange(cfg.compression, cfg.chunk, cfg.onebit_warmup_steps)
+            self.exchange = GradExchange(cfg.compression, cfg.chunk, cfg.onebit_warmup_steps,
+                                         timeout=datetime.timedelta(seconds=cfg.timeout_s))
             self.module.register_comm_hook(self.exchange, exchange_hook)
 
     @property

@@ -26,6 +26,7 @@ bucket index with their sizes, saved in checkpoints (state_dict) and checked on 
 bucket layout that changed is an error rather than silently misapplied feedback.
 """
 
+import datetime
 import threading
 
 import torch
@@ -41,7 +42,8 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 class GradExchange:
     """Hook state: compression choice, current step, error-feedback residuals, byte counters."""
 
-    def __init__(self, compression: str, chunk: int, warmup_steps: int, group=None):
+    def __init__(self, compression: str, chunk: int, warmup_steps: int, group=None,
+                 timeout: datetime.timedelta | None = None):
         self.compression, self.chunk, self.warmup_steps = compression, chunk, warmup_steps
         self.group = group
         self.world = dist.get_world_size(group)
@@ -55,7 +57,8 @@ class GradExchange:
         self.bytes_sent = 0  # bytes this rank sent since the last take_bytes()
         self.bytes_fp32 = 0  # what a ring fp32 allreduce of the same buckets would send
         self.overlap = compression == "onebit" and dist.get_backend(group) == "gloo"
-        self.gather_group = dist.new_group(backend="gloo") if self.overlap else None  # phase 2 (every rank creates it)
+        # phase 2's own group (new_group is collective: every rank makes it here, in the same order)
+        self.gather_group = dist.new_group(backend="gloo", timeout=timeout) if self.overlap else None
         self._turn = threading.Condition()
         self._tickets = 0  # buckets whose phase 1 this rank issued (in bucket order, on the backward's thread)
         self._gathers = 0  # buckets whose phase 2 it issued (in the same order, from callbacks)
