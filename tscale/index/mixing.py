@@ -152,7 +152,7 @@ class IndexMixer(nn.Module):
 
         Unless `joint`, only the value is the mixture's: its gradient trains the gate alone (the
         network's log-probs and hidden state enter it detached), and the network gets the gradient
-        of its own next-token loss, exactly as without the index. Trained jointly, the network
+        of its own next-token loss, as without the index. Trained jointly, the network
         leaves to the index what the index already predicts and ends up a weaker model wherever the
         index is unsure (docs/index.md, section 7).
         """
