@@ -6,7 +6,8 @@ compression "none") a bucket is averaged with a plain fp32 allreduce. After it, 
 of n gradients goes through two phases, each rank sending about n/8 bytes:
 
   (1-bit Adam: g := beta1 * u + (1 - beta1) * clamp(g / d) first, u = m / d the optimizer's
-   synchronised momentum over its frozen denominator d = sqrt(v_hat) + eps: AdamW.fold_gradient)
+   synchronised momentum over its frozen denominator d = sqrt(v_hat) + eps: AdamW.fold_gradient;
+   on CPU folded inside the worker's pass instead: onebit_adam_fold_pack_)
   pad the bucket to n_pad = a multiple of W * chunk; rank r is the "server" of slice r (S = n_pad / W)
   worker:  x = g + e_worker;  (bits, scales) = pack_signs(x, chunk);  e_worker = x - unpack(...)
            (one pass: pack_signs_feedback_add_)
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from tscale.errors import UserError
 from tscale.ops import (pack_signs_feedback_, pack_signs_feedback_add_, unpack_signs, unpack_signs_accumulate_,
                         unpack_signs_into_)
+from tscale.ops.onebit_adam import onebit_adam_fold_pack_
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -133,14 +135,20 @@ def allreduce_mean(state: GradExchange, buffer: torch.Tensor) -> torch.futures.F
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+def onebit_mean(state: GradExchange, index: int, buffer: torch.Tensor,
+                fold: tuple | None = None) -> torch.futures.Future[torch.Tensor]:
     """The two-phase 1-bit average of one flat bucket (n,); the future holds the bucket, averaged.
 
-    The residuals are updated in place: a step allocates nothing of the bucket's size.
+    fold: 1-bit Adam's fold of the bucket's gradients, done in the worker's packing pass (see
+    `_fused_fold`). The residuals are updated in place: a step allocates nothing of the bucket's size.
     """
     W, chunk, n = state.world, state.chunk, buffer.numel()
     worker, server = state.residuals(index, n, buffer.device)
-    bits, scales = pack_signs_feedback_add_(worker, buffer, chunk)  # x = e_worker + g; (n_pad/8,), (n_pad/chunk,)
+    if fold is None:  # x = e_worker + g; (n_pad/8,), (n_pad/chunk,)
+        bits, scales = pack_signs_feedback_add_(worker, buffer, chunk)
+    else:  # x = e_worker + u, u the fold of g
+        ms, inv_ds, offsets, beta1, bound = fold
+        bits, scales = onebit_adam_fold_pack_(worker, buffer, ms, inv_ds, offsets, beta1, bound, chunk)
     worker[n:].zero_()  # worker = x - decoded; padding carries nothing over
     send = _packed_bytes(bits, scales, W).reshape(-1)  # (W * part,), part = S/8 + 4 S/chunk
     part = send.numel() // W
@@ -236,13 +244,31 @@ def _fold_into_momentum(optimizer: torch.optim.Optimizer, bucket: dist.GradBucke
         optimizer.fold_gradient(p, g)
 
 
+def _fused_fold(optimizer: torch.optim.Optimizer, bucket: dist.GradBucket) -> tuple | None:
+    """(m's, 1 / d's, offsets in the bucket, beta1, bound) for folding the bucket while packing it
+    (CPU float32 buckets whose parameters share one fold), or None: fold first, then pack."""
+    buffer = bucket.buffer()
+    if buffer.device.type != "cpu" or buffer.dtype != torch.float32:
+        return None
+    terms = optimizer.fold_terms(bucket.parameters())
+    if terms is None:
+        return None
+    ms, inv_ds, beta1, bound = terms
+    offsets = [(g.data_ptr() - buffer.data_ptr()) // buffer.element_size() for g in bucket.gradients()]
+    order = sorted(range(len(offsets)), key=offsets.__getitem__)
+    return [ms[k] for k in order], [inv_ds[k] for k in order], [offsets[k] for k in order], beta1, bound
+
+
 def exchange_hook(state: GradExchange, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages bucket.buffer() across ranks (fp32 or 1-bit)."""
     buffer = bucket.buffer()
     if state.passthrough:
         return _done(buffer)
     if state.compressing:
+        fold = None
         if state.optimizer is not None:
-            _fold_into_momentum(state.optimizer, bucket)
-        return onebit_mean(state, bucket.index(), buffer)
+            fold = _fused_fold(state.optimizer, bucket)
+            if fold is None:
+                _fold_into_momentum(state.optimizer, bucket)
+        return onebit_mean(state, bucket.index(), buffer, fold)
     return allreduce_mean(state, buffer)

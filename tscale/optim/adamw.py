@@ -59,6 +59,16 @@ class AdamW(torch.optim.AdamW):
         else:
             onebit_adam_fold_(g, m.view_as(g), inv_d, beta1, bound)
 
+    def fold_terms(self, params: list[torch.Tensor]) -> tuple[list, list, float, float] | None:
+        """(m's, 1 / d's, beta1, bound) of these parameters for one fused fold over their bucket, or None
+        when they cannot share one (a parameter without momentum yet, or groups with other betas)."""
+        betas = {self._group_of[id(p)]["betas"] for p in params}
+        if len(betas) != 1 or any("exp_avg" not in self.state[p] for p in params):
+            return None
+        beta1, beta2 = betas.pop()
+        return ([self.state[p]["exp_avg"] for p in params], [self._frozen_denom(p)[1] for p in params], beta1,
+                (1 - beta2) ** -0.5)
+
     def steps_taken(self) -> int:
         for group in self.param_groups:
             for p in group["params"]:
