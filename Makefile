@@ -37,6 +37,9 @@ demo: install $(DEMO)/tokens/manifest.json
 bench: install
 	$(PYTHON) scripts/bench/train_throughput.py
 	$(PYTHON) scripts/bench/bitpack_throughput.py
+	$(PYTHON) scripts/bench/attention_kernel.py
+	$(PYTHON) scripts/bench/lowprec_gemm.py
+	$(PYTHON) scripts/bench/lowprec_train.py speed
 
 e2e: install
 	bash scripts/e2e.sh
