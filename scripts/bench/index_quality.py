@@ -9,7 +9,7 @@ GPT-2 BPE, made by `tscale tokenize`), it runs the real stages as subprocesses:
    the same minus every training document that shares an N-token span with a validation one;
 3. `tscale train` from the same config, seed and token budget, so all models read the same
    windows, each at most once (one pass): without the index, and once per --variant with it
-   (features of the raw index; default: one variant "index" = index.inputs + index.mixer);
+   (features of the raw index; default: one variant "mixer" = index.mixer, the gate-only mixture);
 4. `tscale eval --index RAW --index DEC...` of every model on every validation token.
 
 ppl_reduction_X = 1 - ppl(model with index, lookups in index X) / ppl(model without index).
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="extra config override, every run")
     ap.add_argument("--variant", dest="variants", action="append", type=parse_variant,
                     help="NAME=KEY=VALUE[,...]: a model trained with the index and these overrides (repeatable; "
-                         "the first is the headline) [default: index=index.inputs=true,index.mixer=true]")
+                         "the first is the headline) [default: mixer=index.mixer=true]")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU; results go to --work, not docs/")
     ap.add_argument("--fresh", action="store_true", help="delete --work first")
     ap.add_argument("--out", type=Path, help="folder of index.json [default: docs/bench, or --work with --tiny]")
@@ -221,7 +221,7 @@ def main() -> None:
     index_s = time.perf_counter() - t_index
 
     config = None if args.tiny else args.config
-    variants = dict(args.variants or [("index", ["index.inputs=true", "index.mixer=true"])])
+    variants = dict(args.variants or [("mixer", ["index.mixer=true"])])
     head = next(iter(variants))
     runs = {**{name: work / f"run-{name}" for name in variants}, "base": work / "run-base"}
     seconds = {name: train(config, [*run_sets, f'index.path="{raw}"', *sets], tokens, runs[name], steps, log)
