@@ -61,6 +61,7 @@ def test_hook_matches_two_phase_reference(tmp_path):
     spawn(hook_worker, world, free_port(), str(tmp_path))
     for rank in range(world):
         report = json.loads((tmp_path / f"hook{rank}.json").read_text())
+        assert report["overlap"]  # Gloo: the exchange runs in callbacks, both buckets at once here
         assert report["warmup_err"] < 1e-6
         assert report["max_err"] < 1e-5 and report["worker_err"] < 1e-5 and report["server_err"] < 1e-5
         (warm_sent, warm_fp32), *compressed = report["bytes"]
