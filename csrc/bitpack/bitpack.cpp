@@ -29,9 +29,6 @@
 namespace tscale {
 namespace {
 
-using sign_pack::pack_range;
-using sign_pack::subtract_signs;
-
 // ap (an values, an <= n) is added into xp first, chunk by chunk, when given.
 std::tuple<at::Tensor, at::Tensor> pack_into(float* xp, int64_t n, int64_t chunk, const at::TensorOptions& opts,
                                              bool feedback, const float* ap = nullptr, int64_t an = 0) {
@@ -44,9 +41,7 @@ std::tuple<at::Tensor, at::Tensor> pack_into(float* xp, int64_t n, int64_t chunk
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
       for (int64_t i = lo, end = std::min(hi, an); i < end; ++i) xp[i] += ap[i];
-      const float s = static_cast<float>(pack_range(xp, bp, lo, hi) / static_cast<double>(hi - lo));
-      sp[c] = s;
-      if (feedback) subtract_signs(xp, s, lo, hi);
+      sp[c] = sign_pack::pack_chunk(xp, bp, lo, hi, feedback);
     }
   });
   return {bits, scales};

@@ -50,5 +50,13 @@ inline void subtract_signs(float* xp, float s, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) xp[i] -= xp[i] >= 0.f ? s : -s;
 }
 
+// Packs chunk x[lo, hi) into its sign bytes and returns its scale, mean |x|; with feedback,
+// x keeps what the signs failed to carry.
+inline float pack_chunk(float* xp, uint8_t* bp, int64_t lo, int64_t hi, bool feedback) {
+  const float s = static_cast<float>(pack_range(xp, bp, lo, hi) / static_cast<double>(hi - lo));
+  if (feedback) subtract_signs(xp, s, lo, hi);
+  return s;
+}
+
 }  // namespace sign_pack
 }  // namespace tscale

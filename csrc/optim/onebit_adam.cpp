@@ -35,6 +35,12 @@ void check_same(const char* op, const at::Tensor& a, const char* name, const at:
   TORCH_CHECK(a.device() == ref.device(), op, ": ", name, " is on another device");
 }
 
+// u = (1 - beta1) clamp(g inv_d, +-bound) + beta1 m inv_d, the one expression both fold passes use
+inline float fold_value(float g, float m, float inv_d, float b1, float keep, float bound) {
+  const float scaled = std::min(std::max(g * inv_d, -bound), bound);
+  return scaled * keep + (m * inv_d) * b1;
+}
+
 void onebit_adam_fold_cpu(at::Tensor& g, const at::Tensor& m, const at::Tensor& inv_d, double beta1, double bound) {
   check_same("onebit_adam_fold_", g, "g", g);
   check_same("onebit_adam_fold_", m, "m", g);
@@ -44,10 +50,7 @@ void onebit_adam_fold_cpu(at::Tensor& g, const at::Tensor& m, const at::Tensor& 
   const float* ip = inv_d.data_ptr<float>();
   const float b1 = static_cast<float>(beta1), keep = static_cast<float>(1.0 - beta1), hi = static_cast<float>(bound);
   at::parallel_for(0, g.numel(), kGrain, [&](int64_t lo, int64_t end) {
-    for (int64_t i = lo; i < end; ++i) {
-      const float scaled = std::min(std::max(gp[i] * ip[i], -hi), hi);
-      gp[i] = scaled * keep + (mp[i] * ip[i]) * b1;
-    }
+    for (int64_t i = lo; i < end; ++i) gp[i] = fold_value(gp[i], mp[i], ip[i], b1, keep, hi);
   });
 }
 
@@ -113,10 +116,7 @@ std::tuple<at::Tensor, at::Tensor> onebit_adam_fold_pack_cpu(at::Tensor& worker,
           const float* ik = ip[k] + (i - offsets[k]);
           float* x = xp + i;
           const float* gi = gp + i;
-          for (int64_t j = 0; j < e - i; ++j) {
-            const float scaled = std::min(std::max(gi[j] * ik[j], -hi_clamp), hi_clamp);
-            x[j] += scaled * keep + (mk[j] * ik[j]) * b1;
-          }
+          for (int64_t j = 0; j < e - i; ++j) x[j] += fold_value(gi[j], mk[j], ik[j], b1, keep, hi_clamp);
           i = e;
         } else {  // between parameters: the bucket's value as it is
           const int64_t e = std::min(end, k + 1 < S ? offsets[k + 1] : n);
@@ -124,9 +124,7 @@ std::tuple<at::Tensor, at::Tensor> onebit_adam_fold_pack_cpu(at::Tensor& worker,
         }
         while (k + 1 < S && i >= offsets[k + 1]) ++k;
       }
-      const float s = static_cast<float>(sign_pack::pack_range(xp, bp, lo, hi) / static_cast<double>(hi - lo));
-      sp[c] = s;
-      sign_pack::subtract_signs(xp, s, lo, hi);
+      sp[c] = sign_pack::pack_chunk(xp, bp, lo, hi, /*feedback=*/true);
     }
   });
   return {bits, scales};
