@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 4's end-to-end runs in one GPU session: training speed alone on one GPU, the quality runs beside it.
+#
+#   bash scripts/device/lowprec_runs.sh TOKENS OUT_DIR [SECONDS]    (repository root, extension built)
+#
+# With two GPUs: GPU 0 runs `lowprec_train.py speed`, then the bf16 quality run; GPU 1 runs the
+# fp8 and int8 quality runs side by side (their wall time is not a measurement). With one GPU
+# everything runs on it, speed first and alone. Each job stops after SECONDS (default 540); the
+# quality runs resume from their last checkpoint when the script is called again on the same
+# machine. Then, if every quality run has finished, one `quality` call merges the differences.
+set -u
+TOK=${1:?usage: lowprec_runs.sh TOKENS OUT_DIR [SECONDS]}
+OUT=${2:?usage: lowprec_runs.sh TOKENS OUT_DIR [SECONDS]}
+LIMIT=${3:-540}
+mkdir -p "$OUT"
+bench="python3 scripts/bench/lowprec_train.py"
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+second=$(( gpus > 1 ? 1 : 0 ))
+( export CUDA_VISIBLE_DEVICES=0
+  timeout "$LIMIT" $bench speed > "$OUT/speed.log" 2>&1
+  echo "speed: exit $?"; tail -8 "$OUT/speed.log"
+  timeout "$LIMIT" $bench quality "$TOK" --recipes bf16 > "$OUT/quality-bf16.log" 2>&1
+  echo "quality bf16: exit $?" ) &
+( export CUDA_VISIBLE_DEVICES=$second
+  [ "$second" = 0 ] && wait
+  for recipe in fp8_tensorwise int8_rowwise; do
+    ( timeout "$LIMIT" $bench quality "$TOK" --recipes $recipe > "$OUT/quality-$recipe.log" 2>&1
+      echo "quality $recipe: exit $?" ) &
+  done
+  wait ) &
+wait
+if ls .cache/lowprec-quality/eval-{bf16,fp8_tensorwise,int8_rowwise}.json > /dev/null 2>&1; then
+  $bench quality "$TOK" > "$OUT/quality.log" 2>&1; tail -12 "$OUT/quality.log"
+fi
+grep -h "tokens/s\|val loss" "$OUT"/*.log
+cp docs/bench/lowprec.json .cache/lowprec-quality/log.txt "$OUT/" 2>/dev/null
+true
