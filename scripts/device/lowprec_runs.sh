@@ -3,32 +3,41 @@
 #
 #   bash scripts/device/lowprec_runs.sh TOKENS OUT_DIR [SECONDS]    (repository root, extension built)
 #
-# With two GPUs: GPU 0 runs `lowprec_train.py speed`, then the bf16 quality run; GPU 1 runs the
+# With two GPUs: GPU 0 runs `lowprec_train.py speed` (bf16 and the two headline recipes), then the bf16 quality run; GPU 1 runs the
 # fp8 and int8 quality runs side by side (their wall time is not a measurement). With one GPU
-# everything runs on it, speed first and alone. Each job stops after SECONDS (default 540); the
+# everything runs on it, speed first and alone. Every job stops SECONDS (default 540) after the start; the
 # quality runs resume from their last checkpoint when the script is called again on the same
 # machine. Then, if every quality run has finished, one `quality` call merges the differences.
 set -u
 TOK=${1:?usage: lowprec_runs.sh TOKENS OUT_DIR [SECONDS]}
 OUT=${2:?usage: lowprec_runs.sh TOKENS OUT_DIR [SECONDS]}
 LIMIT=${3:-540}
+deadline=$(( $(date +%s) + LIMIT ))
+left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 mkdir -p "$OUT"
 bench="python3 scripts/bench/lowprec_train.py"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-second=$(( gpus > 1 ? 1 : 0 ))
-( export CUDA_VISIBLE_DEVICES=0
-  timeout "$LIMIT" $bench speed > "$OUT/speed.log" 2>&1
+speed_then_bf16() {
+  timeout "$(left)" $bench speed --recipes bf16 fp8_tensorwise int8_rowwise > "$OUT/speed.log" 2>&1
   echo "speed: exit $?"; tail -8 "$OUT/speed.log"
-  timeout "$LIMIT" $bench quality "$TOK" --recipes bf16 > "$OUT/quality-bf16.log" 2>&1
-  echo "quality bf16: exit $?" ) &
-( export CUDA_VISIBLE_DEVICES=$second
-  [ "$second" = 0 ] && wait
+  timeout "$(left)" $bench quality "$TOK" --recipes bf16 > "$OUT/quality-bf16.log" 2>&1
+  echo "quality bf16: exit $?"
+}
+low_precision_quality() {
   for recipe in fp8_tensorwise int8_rowwise; do
-    ( timeout "$LIMIT" $bench quality "$TOK" --recipes $recipe > "$OUT/quality-$recipe.log" 2>&1
+    ( timeout "$(left)" $bench quality "$TOK" --recipes $recipe > "$OUT/quality-$recipe.log" 2>&1
       echo "quality $recipe: exit $?" ) &
   done
-  wait ) &
-wait
+  wait
+}
+if [ "$gpus" -gt 1 ]; then
+  ( export CUDA_VISIBLE_DEVICES=0; speed_then_bf16 ) &
+  ( export CUDA_VISIBLE_DEVICES=1; low_precision_quality ) &
+  wait
+else
+  speed_then_bf16
+  low_precision_quality
+fi
 if ls .cache/lowprec-quality/eval-{bf16,fp8_tensorwise,int8_rowwise}.json > /dev/null 2>&1; then
   $bench quality "$TOK" > "$OUT/quality.log" 2>&1; tail -12 "$OUT/quality.log"
 fi
