@@ -10,7 +10,7 @@ from tscale.config import load_config
 from tscale.ops import lowprec
 from tscale.ops.lowprec import QMAX, fp8_mm, int8_mm, quantize, quantize_reference
 from tscale.train.checkpoint import load_model
-from tscale.precision import (INFER_MODES, LowPrecLinear, LowPrecMatmul, QuantizedLinear, convert_linears, get_recipe,
+from tscale.precision import (INFER_MODES, LowPrecLinear, lowprec_matmul, QuantizedLinear, convert_linears, get_recipe,
                               quantize_for_inference)
 
 E4M3, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
@@ -138,7 +138,7 @@ def _rel(a, b):
 def test_function_forward_and_backward_match_fp32(name):
     x, w, g = rand(64, 96, seed=6), rand(48, 96, seed=7) * 0.05, rand(64, 48, seed=8)
     xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
-    y = LowPrecMatmul.apply(xa, wa, _recipe(name), torch.float32)
+    y = lowprec_matmul(xa, wa, _recipe(name), torch.float32)
     y.backward(g)
     xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
     (xb @ wb.t()).backward(g)
@@ -174,6 +174,31 @@ def test_convert_linears_keeps_parameters_names_and_exclusions():
     assert convert_linears(model, "fp8_tensorwise", include=["*.mlp.*"]) == []  # already converted
     assert convert_linears(build_model(model.cfg), "bf16") == []
     model(torch.randint(0, 100, (2, 16))).sum().backward()
+
+
+@pytest.mark.parametrize("name", list(TOLERANCE))
+def test_converted_model_compiles_as_one_graph_and_matches_eager(name):
+    """No graph break and one compilation for all the layers' shapes: the products' dispatch stays inside the op."""
+    from tscale.config import ModelConfig
+    from tscale.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="gpt2", n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=100, eos_id=0))
+    convert_linears(model, _recipe(name))
+    idx = torch.randint(0, 100, (2, 16))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = run(idx).float().square().mean()  # (B, T, V) logits -> ()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for eager, comp in zip(*grads):
+        torch.testing.assert_close(comp, eager, rtol=0, atol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 # ---- training ----------------------------------------------------------------------------------------------
@@ -308,7 +333,7 @@ def test_cuda_function_matches_the_cpu_reference_path(name):
     outs = {}
     for device in ("cpu", "cuda"):
         xa, wa = x.detach().to(device).requires_grad_(), w.detach().to(device).requires_grad_()  # fresh leaves
-        y = LowPrecMatmul.apply(xa, wa, _recipe(name), torch.bfloat16)
+        y = lowprec_matmul(xa, wa, _recipe(name), torch.bfloat16)
         y.backward(g.to(device, torch.bfloat16))
         outs[device] = (y.float().cpu(), xa.grad.cpu(), wa.grad.cpu())
     for a, b in zip(outs["cuda"], outs["cpu"]):

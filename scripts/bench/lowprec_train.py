@@ -101,7 +101,7 @@ def speed(args) -> tuple[dict, str]:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
             metrics.update(speedups(rates, size))
-    notes = (f"speed (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, {args.steps} timed steps after "
+    notes = (f"speed {'+'.join(sizes)} (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, {args.steps} timed steps after "
              f"{args.warmup}, {'CPU, no compile' if args.tiny else 'bf16 autocast + compile'}, recipes "
              f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, "
              f"int8 = {HEADLINE['int8']}")
