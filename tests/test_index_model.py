@@ -15,6 +15,7 @@ from tscale.config import IndexConfig, ModelConfig, load_config
 from tscale.data.loader import TrainLoader, WindowFeatures, val_batches
 from tscale.data.shards import TokenFolder
 from tscale.data.tokenize import tokenize_corpus
+from tscale.errors import UserError
 from tscale.eval import evaluate_checkpoint
 from tscale.index import Index, build_index
 from tscale.index.features import FEATURE_MAX_LEN, StoredFeatures, doc_batches
@@ -123,7 +124,7 @@ def test_loader_features_are_the_windows_lookups(world):
 def test_mixed_log_probs_sum_to_one_and_training_nll_is_their_gather(world):
     _, tokens, _, _, _ = world
     cfg = ModelConfig(arch="tscale", n_layer=2, d_model=32, n_head=2, seq_len=SEQ_LEN, vocab_size=300, eos_id=0)
-    model = build_model(cfg, IndexConfig(path="x", inputs=True, mixer=True, delta=1e-3))
+    model = build_model(cfg, IndexConfig(path="x", inputs=True, mixer=True, delta=1e-3, gate_stats=True))
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 300, (3, SEQ_LEN), generator=g)
     y = torch.randint(0, 300, (3, SEQ_LEN), generator=g)
@@ -133,6 +134,8 @@ def test_mixed_log_probs_sum_to_one_and_training_nll_is_their_gather(world):
                           torch.randint(0, 6, (3, SEQ_LEN, 4), generator=g) * (nxt >= 0))
     with torch.no_grad():
         model.index.mixer.gate_weight.normal_()
+        for table in (model.index.mixer.share_bias, model.index.mixer.pair_bias, model.index.mixer.agree_bias):
+            table.weight.normal_()  # the gate-stats terms, zero at the start
         model.lm_head.weight.normal_()  # it starts at zero
         logp = model(x, index=feats)
         nll = model(x, index=feats, targets=y)
@@ -153,7 +156,7 @@ def test_mixed_log_probs_sum_to_one_and_training_nll_is_their_gather(world):
 def test_mixture_loss_trains_the_network_only_when_joint(joint):
     cfg = ModelConfig(arch="gpt2", n_layer=2, d_model=32, n_head=2, seq_len=SEQ_LEN, vocab_size=300, eos_id=0)
     torch.manual_seed(0)
-    model = build_model(cfg, IndexConfig(path="x", mixer=True, mixer_joint=joint))
+    model = build_model(cfg, IndexConfig(path="x", mixer=True, mixer_joint=joint, gate_stats=True))
     plain = build_model(cfg)
     plain.load_state_dict(model.state_dict(), strict=False)
     g = torch.Generator().manual_seed(2)
@@ -162,6 +165,8 @@ def test_mixture_loss_trains_the_network_only_when_joint(joint):
     feats = IndexFeatures(torch.randint(0, 40, (3, SEQ_LEN), generator=g), nxt, torch.randint(1, 6, (3, SEQ_LEN, 4), generator=g))
     with torch.no_grad():
         model.index.mixer.gate_weight.normal_()
+        for table in (model.index.mixer.share_bias, model.index.mixer.pair_bias, model.index.mixer.agree_bias):
+            table.weight.normal_()
     nll = model(x, index=feats, targets=y)  # (B, T)
     with torch.no_grad():
         mixed = -model(x, index=feats).gather(-1, y.unsqueeze(-1)).squeeze(-1)
@@ -170,7 +175,77 @@ def test_mixture_loss_trains_the_network_only_when_joint(joint):
     torch.nn.functional.cross_entropy(plain(x).reshape(-1, 300), y.reshape(-1)).backward()
     same = [torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(model.blocks.parameters(), plain.blocks.parameters())]
     assert all(same) != joint  # detached: the network's gradient is exactly its own loss's
-    assert model.index.mixer.gate_weight.grad.abs().sum() > 0 and model.index.mixer.length_bias.weight.grad.abs().sum() > 0
+    mixer = model.index.mixer
+    for p in (mixer.gate_weight, mixer.length_bias.weight, mixer.share_bias.weight, mixer.pair_bias.weight,
+              mixer.agree_bias.weight):
+        assert p.grad.abs().sum() > 0
+
+
+GATE_TABLES = ("share_bias", "pair_bias", "agree_bias")
+
+
+def _gate_table_names(names) -> list[str]:
+    """The gate-stats tables' weight names among state-dict keys."""
+    return sorted(k for k in names if k.startswith("index.mixer.") and k.split(".")[2] in GATE_TABLES)
+
+
+def test_gate_stats_switch_adds_and_removes_the_tables():
+    cfg = ModelConfig(arch="gpt2", n_layer=1, d_model=32, n_head=2, seq_len=SEQ_LEN, vocab_size=300, eos_id=0)
+    on = build_model(cfg, IndexConfig(path="x", mixer=True, gate_stats=True))
+    off = build_model(cfg, IndexConfig(path="x", mixer=True, gate_stats=False))
+    assert _gate_table_names(on.state_dict()) == sorted(f"index.mixer.{t}.weight" for t in GATE_TABLES)
+    assert _gate_table_names(off.state_dict()) == [] and len(off.state_dict()) == len(on.state_dict()) - 3
+    assert not any(hasattr(off.index.mixer, t) for t in GATE_TABLES) and not off.index.mixer.gate_stats
+    assert load_config(None, ['index.path="x"', "index.mixer=true", "index.gate_stats=true"]).index.gate_stats
+    with pytest.raises(UserError, match="index.gate_stats"):
+        load_config(None, ['index.path="x"', "index.mixer=true", 'index.gate_stats="maybe"'])
+
+
+def test_checkpoint_without_gate_stats_tables_loads_as_the_old_gate(tmp_path):
+    """A checkpoint saved before index.gate_stats (no tables, no key in index.json) loads with them at zero."""
+    from tscale.manifest import write_manifest
+    from tscale.train.checkpoint import CKPT_FORMAT, CKPT_VERSION, load_model, load_weights, open_checkpoint, save_checkpoint
+
+    cfg = ModelConfig(arch="gpt2", n_layer=2, d_model=32, n_head=2, seq_len=SEQ_LEN, vocab_size=300, eos_id=0)
+    torch.manual_seed(0)
+    old = build_model(cfg, IndexConfig(path="x", mixer=True, gate_stats=False)).eval()
+    with torch.no_grad():
+        for p in old.parameters():
+            p.normal_(std=0.5)  # nothing left at its (often zero) start
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    ckpt = save_checkpoint(tmp_path / "run", 3, old, cfg, tokenizer, {}, keep_last=1,
+                           index_cfg=IndexConfig(path="x", mixer=True))
+    saved = json.loads((ckpt / "index.json").read_text())
+    del saved["gate_stats"]  # as written before the key existed
+    (ckpt / "index.json").write_text(json.dumps(saved))
+    write_manifest(ckpt, CKPT_FORMAT, CKPT_VERSION, ["model.safetensors", "model.json", "tokenizer.json",
+                                                     "train_state.pt", "index.json"], step=3)
+    assert _gate_table_names(safetensors.torch.load_file(str(ckpt / "model.safetensors"))) == []
+
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 300, (2, SEQ_LEN), generator=g) for _ in range(2))
+    nxt = torch.where(torch.rand(2, SEQ_LEN, 4, generator=g) < 0.5, y.unsqueeze(-1), torch.randint(0, 300, (2, SEQ_LEN, 4), generator=g))
+    feats = IndexFeatures(torch.randint(0, 40, (2, SEQ_LEN), generator=g), nxt,
+                          torch.randint(1, 6, (2, SEQ_LEN, 4), generator=g).sort(-1, descending=True).values)
+    for gate_stats in (False, True):  # as the config default says, and forced on: the old gate either way
+        opened = open_checkpoint(ckpt)
+        opened.index_cfg = opened.index_cfg.model_copy(update={"gate_stats": gate_stats})
+        model = build_model(opened.model_cfg, opened.index_cfg)
+        if gate_stats:
+            with torch.no_grad():
+                model.index.mixer.agree_bias.weight.normal_()  # whatever was there, loading zeroes it
+        load_weights(model, opened)
+        model.eval()
+        assert model.index.mixer.gate_stats == gate_stats
+        with torch.no_grad():
+            assert torch.equal(model(x, index=feats), old(x, index=feats))
+            assert torch.equal(model(x, index=feats, targets=y), old(x, index=feats, targets=y))
+        if gate_stats:
+            assert all(getattr(model.index.mixer, t).weight.abs().sum() == 0 for t in GATE_TABLES)
+    loaded, _ = load_model(ckpt)  # what eval and infer do
+    with torch.no_grad():
+        assert torch.equal(loaded(x, index=feats), old(x, index=feats))
 
 
 def test_feature_dropout_blanks_whole_windows_only():
@@ -225,6 +300,27 @@ def test_resumed_index_run_matches_straight_run(world, tmp_path):
         return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+def test_run_saved_before_gate_stats_resumes_without_them(world, tmp_path):
+    _, tokens, raw, _, _ = world
+    train_run(_cfg(tokens, raw, "index.mixer=true", "index.gate_stats=false", "train.steps=6", "train.ckpt_every=3"),
+              tmp_path / "a", quiet=True)
+    train_run(_cfg(tokens, raw, "index.mixer=true", "index.gate_stats=false", "train.steps=3", "train.ckpt_every=3"),
+              tmp_path / "b", quiet=True)
+    saved = tmp_path / "b" / "config.toml"
+    saved.write_text("".join(line for line in saved.read_text().splitlines(keepends=True) if "gate_stats" not in line))
+    resumed = load_config(saved, ["train.steps=6"])
+    assert resumed.index.gate_stats  # the default now; the run itself had no such tables
+    train_run(resumed, tmp_path / "b", resume=True, quiet=True)
+    assert load_config(saved).index.gate_stats is False  # written back as the run was
+    weights = safetensors.torch.load_file(str(tmp_path / "b" / "ckpt" / "step-0000006" / "model.safetensors"))
+    assert _gate_table_names(weights) == []
+
+    def losses(run):
+        return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+    assert losses(tmp_path / "a") == losses(tmp_path / "b") and len(losses(tmp_path / "a")) == 6
 
 
 def test_train_refuses_an_index_of_other_tokens(world, tmp_path):

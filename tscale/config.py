@@ -182,6 +182,11 @@ class IndexConfig(_Section):
     the mixture's loss trains the network too, which measured worse; docs/index.md). `dropout`
     is the share of training windows that see no lookups at all (every position "no match"),
     so the network also learns to predict on its own instead of leaning on the index.
+    `gate_stats` gives the mixer's gate three more inputs: how much of the top-K counts the
+    index's top token holds, that share together with the match length, and the network's own
+    probability of that token (tscale/index/mixing.py). They start at zero, so the gate starts
+    as it would without them; a checkpoint saved without them loads with them at zero, and a run
+    saved before the key existed resumes without them (`ADDED_KEYS`).
     """
 
     path: str = ""
@@ -191,6 +196,7 @@ class IndexConfig(_Section):
     delta: float = Field(1e-5, gt=0, le=1)
     dropout: float = Field(0.0, ge=0, lt=1)
     mixer_joint: bool = False
+    gate_stats: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -285,6 +291,18 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
     if overrides:
         origin += " + --set"
     return validate(tree, origin)
+
+
+ADDED_KEYS = {"index.gate_stats": False}  # keys added after runs were saved -> what such a run had
+
+
+def settle_added_keys(cfg: RunConfig, saved: str | os.PathLike) -> None:
+    """For resuming: keys that a run's saved config.toml lacks take the value the run was trained with."""
+    tree = tomllib.loads(Path(saved).read_text(encoding="utf-8"))
+    for key, before in ADDED_KEYS.items():
+        section, name = key.split(".")
+        if name not in tree.get(section, {}):
+            setattr(getattr(cfg, section), name, before)
 
 
 def to_toml(cfg: RunConfig) -> str:

@@ -26,6 +26,7 @@ import torch.nn as nn
 from tscale.config import IndexConfig, ModelConfig
 from tscale.errors import UserError
 from tscale.fileio import atomic_dir
+from tscale.index.mixing import GATE_STATS_TABLES
 from tscale.manifest import load_manifest, write_manifest
 
 CKPT_FORMAT = "tscale-checkpoint"
@@ -124,8 +125,19 @@ def load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
                 f"{ckpt.path}: weight {name} has shape {tuple(tensor.shape)}, the model expects "
                 f"{tuple(own[name].shape)} (checkpoint of a different model shape)")
     missing, _ = safetensors.torch.load_model(model, str(ckpt.weights_path), strict=False)
+    missing = [name for name in missing if not _zero_if_new_gate_table(model, name)]
     if missing:
         raise UserError(f"{ckpt.path}: checkpoint lacks weights {sorted(missing)[:3]} (another architecture?)")
+
+
+def _zero_if_new_gate_table(model: nn.Module, name: str) -> bool:
+    """A missing index.mixer gate-stats table (checkpoints from before index.gate_stats) is zeroed: the old gate."""
+    owner, _, leaf = name.rpartition(".")
+    if leaf != "weight" or not owner.endswith(tuple(f"index.mixer.{t}" for t in GATE_STATS_TABLES)):
+        return False
+    with torch.no_grad():
+        model.get_submodule(owner).weight.zero_()
+    return True
 
 
 def load_train_state(ckpt: Checkpoint) -> dict:

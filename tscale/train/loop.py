@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from tscale.config import RunConfig, to_toml
+from tscale.config import RunConfig, settle_added_keys, to_toml
 from tscale.data.loader import TrainLoader, WindowFeatures, val_batches
 from tscale.data.shards import TokenFolder
 from tscale.devices import peak_flops, resolve_autocast_dtype, resolve_device
@@ -175,6 +175,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
 
+    if resume and (run_dir / "config.toml").is_file():
+        settle_added_keys(cfg, run_dir / "config.toml")  # a run saved before a key keeps the model it had
     features = open_features(cfg, folder)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
