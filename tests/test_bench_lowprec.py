@@ -8,6 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 import common  # noqa: E402
+import lowprec_project  # noqa: E402
 import lowprec_train  # noqa: E402
 
 
@@ -38,3 +39,28 @@ def test_merge_keeps_other_metrics_and_replaces_its_own_paragraph(tmp_path):
     paragraphs = record["notes"].split("\n\n")
     assert paragraphs[0] == "gemm part: products" and len(paragraphs) == 2
     assert paragraphs[1].startswith("speed (x): (") and paragraphs[1].endswith("second")
+
+
+PROFILE = """
+1p5b_qkv M=16384 K=1600 N=4800 bf16: 1.000 ms of kernels per step
+     0.600 ms    1x  nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT
+     0.300 ms    2x  void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>
+
+1p5b_qkv M=16384 K=1600 N=4800 int8_rowwise: 0.900 ms of kernels per step
+     0.200 ms    1x  sm90_xmma_gemm_i8i32_i8i32_i32_tn_n_tilesize64x256x128
+     0.400 ms    1x  nvjet_sm90_tst_128x160_64x5_1x2_h_bz_NTT
+     0.150 ms    1x  void tscale::(anonymous namespace)::scale_kernel<true, 1>(void const*
+"""
+
+
+def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():
+    times = lowprec_project.parse(PROFILE)
+    assert times["bf16"] == pytest.approx({"bf16": 0.6, "fp8": 0.0, "int8": 0.0, "memory": 0.4})  # rows cut off: memory
+    assert times["int8_rowwise"] == pytest.approx({"bf16": 0.4, "fp8": 0.0, "int8": 0.2, "memory": 0.3})
+    h200, rtx = lowprec_project.RATES["H200"], lowprec_project.RATES["RTX 4090"]
+    expected = (0.4 * h200["bf16"] / rtx["bf16"] + 0.2 * h200["int8"] / rtx["int8"]
+                + 0.3 * h200["memory"] / rtx["memory"])
+    assert lowprec_project.project(times["int8_rowwise"]) == pytest.approx(expected)
+    assert lowprec_project.project(times["int8_rowwise"], "H200", "H200") == pytest.approx(0.9)
+    assert lowprec_project.amdahl(2.0, 0.5) == pytest.approx(1 / 0.75)
+    assert lowprec_project.kernel_class("nvjet_sm90_qqtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT") == "fp8"
