@@ -310,8 +310,10 @@ def test_cli_precision_options(trained, tokens, tmp_path, run_cli):
 @CUDA
 @pytest.mark.parametrize("dtype", [E4M3, E5M2, INT8])
 @pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(37, 53), (256, 768), (64, 12800)])  # odd; model-like; a row too long to cache
+@pytest.mark.parametrize("shape", [(37, 53), (256, 768), (64, 12800), (100, 72), (30, 64)])
 def test_cuda_quantize_equals_reference(dtype, in_dtype, shape):
+    """Odd (scalar kernels); model-like and a row too long to cache (vectorised); partial 64 x 64 tiles
+    (vectorised); M not a multiple of 4 (vectorised, scalar when transposed)."""
     assert lowprec._quantize_kernel_on("cuda"), "tscale._C was built without the CUDA quantize kernel"
     x = rand(*shape, seed=9, device="cuda", dtype=in_dtype)
     for axis in (None, -1, 0):
@@ -324,6 +326,20 @@ def test_cuda_quantize_equals_reference(dtype, in_dtype, shape):
                     assert torch.equal(g, w)
                 else:
                     assert (g.view(torch.uint8) != w.view(torch.uint8)).float().mean() < 1e-4
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [E4M3, E5M2, INT8])
+def test_cuda_vectorised_quantize_equals_the_scalar_kernels(dtype, monkeypatch):
+    x = rand(192, 1600, seed=15, device="cuda", dtype=torch.bfloat16)
+    runs = {}
+    for scalar in ("0", "1"):
+        monkeypatch.setenv("TSCALE_QUANTIZE_SCALAR", scalar)
+        runs[scalar] = [quantize(x, dtype, axis, transpose) for axis in (None, -1, 0) for transpose in (False, True)]
+    for vec_out, scalar_out in zip(runs["0"], runs["1"]):
+        for a, b in zip(vec_out, scalar_out):
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                               b.view(torch.uint8) if b.element_size() == 1 else b)
 
 
 @CUDA

@@ -9,6 +9,11 @@
 //   kernels: amax (atomicMax on the bits of non-negative floats, which order like the floats),
 //   scales (scale = amax / QMAX and its inverse), and a cast over 32x32 tiles that writes q and,
 //   through a shared-memory tile, q_t with coalesced rows: two reads and one or two writes.
+// Vectorised forms: where K is a multiple of 8 and x is 16-byte aligned (and, for the
+//   transposed copy, M a multiple of 4), each thread loads 8 values with 16-byte loads and
+//   stores 8 bytes at once, the amax passes read 16 bytes per load, and the cast goes through
+//   64 x 64 tiles whose transposed rows are written 4 bytes at a time. Same arithmetic, so the
+//   same bits; other shapes take the scalar kernels (and every shape, with TSCALE_QUANTIZE_SCALAR=1).
 // Casts: fp8 through __nv_cvt_float_to_fp8 with saturation to the finite range, rounding to
 //   nearest even; int8 through rintf (half to even) and a clamp to +-127. The inverse scale is
 //   one IEEE division (__fdiv_rn, immune to --use_fast_math), so the results equal the
@@ -23,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -158,6 +164,155 @@ __global__ void cast_tiles_kernel(const in_t* __restrict__ x, const float* __res
   }
 }
 
+// ---- vectorised kernels: 8 values per thread and access ----
+
+constexpr int kVec = 8;     // values per thread per access
+constexpr int kVTile = 64;  // the vectorised cast's tile: 64 x 64, 256 threads
+
+// The 8 values at p (16-byte aligned) as floats: one 16-byte load for 2-byte types, more for wider ones.
+template <typename in_t>
+__device__ __forceinline__ void load8(const in_t* __restrict__ p, float (&v)[kVec]) {
+  constexpr int kPer = 16 / sizeof(in_t);
+#pragma unroll
+  for (int j = 0; j < kVec; j += kPer) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p + j);
+    const in_t* e = reinterpret_cast<const in_t*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v[j + k] = static_cast<float>(e[k]);
+  }
+}
+
+__device__ __forceinline__ float abs_max8(const float (&v)[kVec], float m) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) m = fmaxf(m, fabsf(v[k]));
+  return m;
+}
+
+template <typename in_t>
+__global__ void amax_tensor_vec_kernel(const in_t* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
+  const int64_t groups = n / kVec, stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  float m = 0.f;
+#pragma unroll 4
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; g < groups; g += stride) {
+    float v[kVec];
+    load8(x + g * kVec, v);
+    m = abs_max8(v, m);
+  }
+  for (int64_t i = groups * kVec + blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n; i += stride) {
+    m = fmaxf(m, fabsf(static_cast<float>(x[i])));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
+}
+
+// One block per row, K % 8 == 0.
+template <typename in_t>
+__global__ void amax_rows_vec_kernel(const in_t* __restrict__ x, int64_t K, unsigned int* __restrict__ amax) {
+  const in_t* xr = x + blockIdx.x * K;
+  float m = 0.f;
+  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
+    float v[kVec];
+    load8(xr + c, v);
+    m = abs_max8(v, m);
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) amax[blockIdx.x] = __float_as_uint(m);
+}
+
+// grid (ceil(K / (8 kThreads)), row chunks): thread = 8 adjacent columns over one chunk of rows.
+template <typename in_t>
+__global__ void amax_cols_vec_kernel(const in_t* __restrict__ x, int64_t M, int64_t K, int64_t rows_per_chunk,
+                                     unsigned int* __restrict__ amax) {
+  const int64_t c = (blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x) * kVec;
+  if (c >= K) return;
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
+  float m[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t r = r0; r < r1; ++r) {
+    float v[kVec];
+    load8(x + r * K + c, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) m[k] = fmaxf(m[k], fabsf(v[k]));
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) atomicMax(amax + c + k, __float_as_uint(m[k]));
+}
+
+// Per-row scales, no transposed copy, K % 8 == 0: rowwise_kernel with 8 values per thread and access.
+template <typename in_t, int kKind, bool kCached>
+__global__ void rowwise_vec_kernel(const in_t* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scale,
+                                   int64_t K, float qmax) {
+  extern __shared__ float row[];
+  const int64_t r = blockIdx.x;
+  const in_t* xr = x + r * K;
+  float m = 0.f;
+  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
+    float v[kVec];
+    load8(xr + c, v);
+    m = abs_max8(v, m);
+    if constexpr (kCached) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) row[c + k] = v[k];
+    }
+  }
+  const float amax = fmaxf(block_max(m), kAmaxFloor);  // block_max synchronises, so `row` is complete
+  const float inv = __fdiv_rn(qmax, amax);
+  if (threadIdx.x == 0) scale[r] = __fdiv_rn(amax, qmax);
+  uint8_t* qr = q + r * K;
+  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
+    float v[kVec];
+    if constexpr (kCached) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) v[k] = row[c + k];
+    } else {
+      load8(xr + c, v);
+    }
+    uint2 packed;
+    uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) b[k] = cast_to<kKind>(v[k] * inv, qmax);
+    *reinterpret_cast<uint2*>(qr + c) = packed;
+  }
+}
+
+// grid (ceil(M / 64), ceil(K / 64)), 256 threads; K % 8 == 0, and M % 4 == 0 when q_t is given.
+// Load: 8 threads per tile row, 8 values each, 32 rows per pass. Transposed store: 16 threads per
+// column of the tile, 4 rows (4 bytes of q_t) each, 16 columns per pass.
+template <typename in_t, int kKind>
+__global__ void cast_tiles_vec_kernel(const in_t* __restrict__ x, const float* __restrict__ inv, int mode,
+                                      int64_t M, int64_t K, float qmax, uint8_t* __restrict__ q,
+                                      uint8_t* __restrict__ q_t) {
+  __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];  // rows 8-byte aligned for the 8-byte writes
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kVTile, c0 = static_cast<int64_t>(blockIdx.y) * kVTile;
+  const int tc = (threadIdx.x % (kVTile / kVec)) * kVec;
+  for (int i = threadIdx.x / (kVTile / kVec); i < kVTile; i += kThreads / (kVTile / kVec)) {
+    const int64_t r = r0 + i, c = c0 + tc;
+    if (r < M && c < K) {
+      float v[kVec];
+      load8(x + r * K + c, v);
+      uint2 packed;
+      uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float s = mode == kTensor ? inv[0] : (mode == kRows ? inv[r] : inv[c + k]);
+        b[k] = cast_to<kKind>(v[k] * s, qmax);
+      }
+      *reinterpret_cast<uint2*>(q + r * K + c) = packed;
+      *reinterpret_cast<uint2*>(&tile[i][tc]) = packed;
+    }
+  }
+  if (q_t == nullptr) return;  // uniform over the grid, so no thread misses the barrier below
+  __syncthreads();
+  const int tr = (threadIdx.x % (kVTile / 4)) * 4;
+  for (int j = threadIdx.x / (kVTile / 4); j < kVTile; j += kThreads / (kVTile / 4)) {
+    const int64_t c = c0 + j, r = r0 + tr;
+    if (c < K && r < M) {
+      const uchar4 out = make_uchar4(tile[tr][j], tile[tr + 1][j], tile[tr + 2][j], tile[tr + 3][j]);
+      *reinterpret_cast<uchar4*>(q_t + c * M + r) = out;
+    }
+  }
+}
+
 float qmax_of(at::ScalarType t, int* kind) {
   switch (t) {
     case at::kFloat8_e4m3fn: *kind = kE4M3; return 448.f;
@@ -175,12 +330,22 @@ void launch(const at::Tensor& x, int mode, float qmax, at::Tensor& q, at::Tensor
   const in_t* xp = x.data_ptr<in_t>();
   uint8_t* qp = static_cast<uint8_t*>(q.data_ptr());
   float* sp = scale.data_ptr<float>();
-  if (mode == kRows && q_t.numel() == 0) {
+  const bool transposed = q_t.numel() != 0;
+  // the vectorised kernels' conditions (q and q_t are fresh allocations, aligned); TSCALE_QUANTIZE_SCALAR=1
+  // forces the scalar kernels, to compare the two
+  const char* scalar_only = std::getenv("TSCALE_QUANTIZE_SCALAR");
+  const bool vec = K % kVec == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 && (!transposed || M % 4 == 0) &&
+                   !(scalar_only != nullptr && scalar_only[0] == '1');
+  if (mode == kRows && !transposed) {
     TORCH_CHECK(M <= 0x7fffffffLL, "quantize: too many rows for one launch");
-    if (K <= kMaxCachedRow) {
-      rowwise_kernel<in_t, kKind, true><<<M, kThreads, K * sizeof(float), stream>>>(xp, qp, sp, K, qmax);
+    const bool cached = K <= kMaxCachedRow;
+    const size_t shared = cached ? K * sizeof(float) : 0;
+    if (vec) {
+      if (cached) rowwise_vec_kernel<in_t, kKind, true><<<M, kThreads, shared, stream>>>(xp, qp, sp, K, qmax);
+      else rowwise_vec_kernel<in_t, kKind, false><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
     } else {
-      rowwise_kernel<in_t, kKind, false><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
+      if (cached) rowwise_kernel<in_t, kKind, true><<<M, kThreads, shared, stream>>>(xp, qp, sp, K, qmax);
+      else rowwise_kernel<in_t, kKind, false><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
@@ -189,26 +354,38 @@ void launch(const at::Tensor& x, int mode, float qmax, at::Tensor& q, at::Tensor
   at::Tensor amax = at::zeros({n_scales}, x.options().dtype(at::kInt));
   unsigned int* ap = reinterpret_cast<unsigned int*>(amax.data_ptr<int>());
   if (mode == kTensor) {
-    const int64_t blocks = std::min<int64_t>((M * K + kThreads - 1) / kThreads, 1024);
-    amax_tensor_kernel<in_t><<<blocks, kThreads, 0, stream>>>(xp, M * K, ap);
+    const int64_t per_thread = vec ? kVec : 1;
+    const int64_t blocks = std::min<int64_t>((M * K / per_thread + kThreads - 1) / kThreads, vec ? 4096 : 1024);
+    if (vec) amax_tensor_vec_kernel<in_t><<<std::max<int64_t>(blocks, 1), kThreads, 0, stream>>>(xp, M * K, ap);
+    else amax_tensor_kernel<in_t><<<blocks, kThreads, 0, stream>>>(xp, M * K, ap);
   } else if (mode == kRows) {
-    amax_rows_kernel<in_t><<<M, kThreads, 0, stream>>>(xp, K, ap);
+    if (vec) amax_rows_vec_kernel<in_t><<<M, kThreads, 0, stream>>>(xp, K, ap);
+    else amax_rows_kernel<in_t><<<M, kThreads, 0, stream>>>(xp, K, ap);
   } else {
-    const int64_t col_blocks = (K + kThreads - 1) / kThreads;
+    const int64_t cols_per_block = kThreads * (vec ? kVec : 1);
+    const int64_t col_blocks = (K + cols_per_block - 1) / cols_per_block;
     const int64_t chunks = std::min<int64_t>(std::max<int64_t>(1024 / col_blocks, 1), std::min<int64_t>(M, 65535));
     const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
     const dim3 grid(col_blocks, (M + rows_per_chunk - 1) / rows_per_chunk);
-    amax_cols_kernel<in_t><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
+    if (vec) amax_cols_vec_kernel<in_t><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
+    else amax_cols_kernel<in_t><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor inv = at::empty({n_scales}, x.options().dtype(at::kFloat));
   scales_kernel<<<(n_scales + kThreads - 1) / kThreads, kThreads, 0, stream>>>(ap, n_scales, qmax, sp,
                                                                               inv.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  TORCH_CHECK((K + kTile - 1) / kTile <= 65535, "quantize: K = ", K, " is too wide for one launch");
-  const dim3 grid((M + kTile - 1) / kTile, (K + kTile - 1) / kTile), block(kTile, kTileRows);
-  uint8_t* qtp = q_t.numel() ? static_cast<uint8_t*>(q_t.data_ptr()) : nullptr;
-  cast_tiles_kernel<in_t, kKind><<<grid, block, 0, stream>>>(xp, inv.data_ptr<float>(), mode, M, K, qmax, qp, qtp);
+  uint8_t* qtp = transposed ? static_cast<uint8_t*>(q_t.data_ptr()) : nullptr;
+  const int tile = vec ? kVTile : kTile;
+  TORCH_CHECK((K + tile - 1) / tile <= 65535, "quantize: K = ", K, " is too wide for one launch");
+  const dim3 grid((M + tile - 1) / tile, (K + tile - 1) / tile);
+  if (vec) {
+    cast_tiles_vec_kernel<in_t, kKind><<<grid, kThreads, 0, stream>>>(xp, inv.data_ptr<float>(), mode, M, K, qmax,
+                                                                      qp, qtp);
+  } else {
+    cast_tiles_kernel<in_t, kKind><<<grid, dim3(kTile, kTileRows), 0, stream>>>(xp, inv.data_ptr<float>(), mode, M,
+                                                                                K, qmax, qp, qtp);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
