@@ -77,25 +77,62 @@ __device__ float block_max(float v) {
   return result;
 }
 
-template <typename in_t, int kKind, bool kCached>
+constexpr int kVec = 8;     // values per thread per access
+constexpr int kVTile = 64;  // the vectorised cast's tile: 64 x 64, 256 threads
+
+// kWidth values at p as floats: one plain load for 1, 16-byte loads for 8 (p 16-byte aligned).
+template <int kWidth, typename in_t>
+__device__ __forceinline__ void load_values(const in_t* __restrict__ p, float (&v)[kWidth]) {
+  if constexpr (kWidth == 1) {
+    v[0] = static_cast<float>(*p);
+  } else {
+    static_assert(kWidth == kVec, "1 or 8 values");
+    constexpr int kPer = 16 / sizeof(in_t);
+#pragma unroll
+    for (int j = 0; j < kVec; j += kPer) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p + j);
+      const in_t* e = reinterpret_cast<const in_t*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v[j + k] = static_cast<float>(e[k]);
+    }
+  }
+}
+
+// Per-row scales without the transposed copy: one block per row, kWidth values per thread and access
+// (8 where K % 8 == 0 and x is aligned, else 1).
+template <typename in_t, int kKind, bool kCached, int kWidth>
 __global__ void rowwise_kernel(const in_t* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scale,
                                int64_t K, float qmax) {
   extern __shared__ float row[];
   const int64_t r = blockIdx.x;
   const in_t* xr = x + r * K;
   float m = 0.f;
-  for (int64_t c = threadIdx.x; c < K; c += kThreads) {
-    const float v = static_cast<float>(xr[c]);
-    if constexpr (kCached) row[c] = v;
-    m = fmaxf(m, fabsf(v));
+  for (int64_t c = threadIdx.x * static_cast<int64_t>(kWidth); c < K; c += kThreads * kWidth) {
+    float v[kWidth];
+    load_values<kWidth>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      m = fmaxf(m, fabsf(v[k]));
+      if constexpr (kCached) row[c + k] = v[k];
+    }
   }
   const float amax = fmaxf(block_max(m), kAmaxFloor);  // block_max synchronises, so `row` is complete
   const float inv = __fdiv_rn(qmax, amax);
   if (threadIdx.x == 0) scale[r] = __fdiv_rn(amax, qmax);
   uint8_t* qr = q + r * K;
-  for (int64_t c = threadIdx.x; c < K; c += kThreads) {
-    const float v = kCached ? row[c] : static_cast<float>(xr[c]);
-    qr[c] = cast_to<kKind>(v * inv, qmax);
+  for (int64_t c = threadIdx.x * static_cast<int64_t>(kWidth); c < K; c += kThreads * kWidth) {
+    float v[kWidth];
+    if constexpr (kCached) {
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) v[k] = row[c + k];
+    } else {
+      load_values<kWidth>(xr + c, v);
+    }
+    alignas(kWidth) uint8_t b[kWidth];
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) b[k] = cast_to<kKind>(v[k] * inv, qmax);
+    if constexpr (kWidth == 1) qr[c] = b[0];
+    else *reinterpret_cast<uint2*>(qr + c) = *reinterpret_cast<const uint2*>(b);
   }
 }
 
@@ -164,23 +201,7 @@ __global__ void cast_tiles_kernel(const in_t* __restrict__ x, const float* __res
   }
 }
 
-// ---- vectorised kernels: 8 values per thread and access ----
-
-constexpr int kVec = 8;     // values per thread per access
-constexpr int kVTile = 64;  // the vectorised cast's tile: 64 x 64, 256 threads
-
-// The 8 values at p (16-byte aligned) as floats: one 16-byte load for 2-byte types, more for wider ones.
-template <typename in_t>
-__device__ __forceinline__ void load8(const in_t* __restrict__ p, float (&v)[kVec]) {
-  constexpr int kPer = 16 / sizeof(in_t);
-#pragma unroll
-  for (int j = 0; j < kVec; j += kPer) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p + j);
-    const in_t* e = reinterpret_cast<const in_t*>(&raw);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) v[j + k] = static_cast<float>(e[k]);
-  }
-}
+// ---- the vectorised forms of the scalar kernels above: 8 values per thread and access ----
 
 __device__ __forceinline__ float abs_max8(const float (&v)[kVec], float m) {
 #pragma unroll
@@ -195,7 +216,7 @@ __global__ void amax_tensor_vec_kernel(const in_t* __restrict__ x, int64_t n, un
 #pragma unroll 4
   for (int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; g < groups; g += stride) {
     float v[kVec];
-    load8(x + g * kVec, v);
+    load_values<kVec>(x + g * kVec, v);
     m = abs_max8(v, m);
   }
   for (int64_t i = groups * kVec + blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n; i += stride) {
@@ -212,7 +233,7 @@ __global__ void amax_rows_vec_kernel(const in_t* __restrict__ x, int64_t K, unsi
   float m = 0.f;
   for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
     float v[kVec];
-    load8(xr + c, v);
+    load_values<kVec>(xr + c, v);
     m = abs_max8(v, m);
   }
   m = block_max(m);
@@ -230,49 +251,12 @@ __global__ void amax_cols_vec_kernel(const in_t* __restrict__ x, int64_t M, int6
   float m[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int64_t r = r0; r < r1; ++r) {
     float v[kVec];
-    load8(x + r * K + c, v);
+    load_values<kVec>(x + r * K + c, v);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) m[k] = fmaxf(m[k], fabsf(v[k]));
   }
 #pragma unroll
   for (int k = 0; k < kVec; ++k) atomicMax(amax + c + k, __float_as_uint(m[k]));
-}
-
-// Per-row scales, no transposed copy, K % 8 == 0: rowwise_kernel with 8 values per thread and access.
-template <typename in_t, int kKind, bool kCached>
-__global__ void rowwise_vec_kernel(const in_t* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scale,
-                                   int64_t K, float qmax) {
-  extern __shared__ float row[];
-  const int64_t r = blockIdx.x;
-  const in_t* xr = x + r * K;
-  float m = 0.f;
-  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
-    float v[kVec];
-    load8(xr + c, v);
-    m = abs_max8(v, m);
-    if constexpr (kCached) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) row[c + k] = v[k];
-    }
-  }
-  const float amax = fmaxf(block_max(m), kAmaxFloor);  // block_max synchronises, so `row` is complete
-  const float inv = __fdiv_rn(qmax, amax);
-  if (threadIdx.x == 0) scale[r] = __fdiv_rn(amax, qmax);
-  uint8_t* qr = q + r * K;
-  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
-    float v[kVec];
-    if constexpr (kCached) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) v[k] = row[c + k];
-    } else {
-      load8(xr + c, v);
-    }
-    uint2 packed;
-    uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) b[k] = cast_to<kKind>(v[k] * inv, qmax);
-    *reinterpret_cast<uint2*>(qr + c) = packed;
-  }
 }
 
 // grid (ceil(M / 64), ceil(K / 64)), 256 threads; K % 8 == 0, and M % 4 == 0 when q_t is given.
@@ -289,7 +273,7 @@ __global__ void cast_tiles_vec_kernel(const in_t* __restrict__ x, const float* _
     const int64_t r = r0 + i, c = c0 + tc;
     if (r < M && c < K) {
       float v[kVec];
-      load8(x + r * K + c, v);
+      load_values<kVec>(x + r * K + c, v);
       uint2 packed;
       uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
 #pragma unroll
@@ -341,11 +325,11 @@ void launch(const at::Tensor& x, int mode, float qmax, at::Tensor& q, at::Tensor
     const bool cached = K <= kMaxCachedRow;
     const size_t shared = cached ? K * sizeof(float) : 0;
     if (vec) {
-      if (cached) rowwise_vec_kernel<in_t, kKind, true><<<M, kThreads, shared, stream>>>(xp, qp, sp, K, qmax);
-      else rowwise_vec_kernel<in_t, kKind, false><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
+      if (cached) rowwise_kernel<in_t, kKind, true, kVec><<<M, kThreads, shared, stream>>>(xp, qp, sp, K, qmax);
+      else rowwise_kernel<in_t, kKind, false, kVec><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
     } else {
-      if (cached) rowwise_kernel<in_t, kKind, true><<<M, kThreads, shared, stream>>>(xp, qp, sp, K, qmax);
-      else rowwise_kernel<in_t, kKind, false><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
+      if (cached) rowwise_kernel<in_t, kKind, true, 1><<<M, kThreads, shared, stream>>>(xp, qp, sp, K, qmax);
+      else rowwise_kernel<in_t, kKind, false, 1><<<M, kThreads, 0, stream>>>(xp, qp, sp, K, qmax);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
