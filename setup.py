@@ -12,9 +12,20 @@ from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 
+SM90_SOURCES = "csrc/fp8_sm90"  # its own module, tscale._C_sm90 (sm_90a only, needs CUTLASS)
+
+
+def extensions() -> list:
+    """tscale._C always; tscale._C_sm90 too where it can be built (see _sm90_extension)."""
+    main, with_cuda = extension()
+    sm90 = _sm90_extension() if with_cuda else None
+    return [main, sm90] if sm90 else [main]
+
+
 def extension():
-    cpp_sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
-    cuda_sources = sorted(glob.glob("csrc/**/*.cu", recursive=True))
+    """(tscale._C, whether it has the CUDA kernels)."""
+    cpp_sources = sorted(p for p in glob.glob("csrc/**/*.cpp", recursive=True) if not p.startswith(SM90_SOURCES))
+    cuda_sources = sorted(p for p in glob.glob("csrc/**/*.cu", recursive=True) if not p.startswith(SM90_SOURCES))
     with_cuda = bool(cuda_sources) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
     if os.environ.get("TSCALE_NO_CUDA") == "1":
         with_cuda = False
@@ -31,8 +42,54 @@ def extension():
             include_dirs=lt["include_dirs"],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
             extra_link_args=["-fopenmp", *lt["extra_link_args"]],
-        )
-    return cpp_extension.CppExtension("tscale._C", cpp_sources, extra_compile_args=cxx_flags, extra_link_args=["-fopenmp"])
+        ), True
+    return cpp_extension.CppExtension("tscale._C", cpp_sources, extra_compile_args=cxx_flags,
+                                      extra_link_args=["-fopenmp"]), False
+
+
+def _sm90_extension():
+    """tscale._C_sm90: the int8 product with its scales in the epilogue, for sm_90a, from CUTLASS's headers.
+
+    Built when the CUDA architectures include 9.0 and CUTLASS is found: TSCALE_CUTLASS_DIR (a
+    CUTLASS checkout or its include folder) or the pip package nvidia-cutlass (`pip install
+    nvidia-cutlass`, headers only). TSCALE_NO_SM90=1 skips it. Without it the int8 products
+    take cuBLASLt's int32 output and a scaling pass.
+    """
+    arches = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    if os.environ.get("TSCALE_NO_SM90") == "1" or "9.0" not in arches:
+        return None
+    include = _cutlass_include()
+    if include is None:
+        print("setup.py: CUTLASS not found (pip install nvidia-cutlass, or TSCALE_CUTLASS_DIR); "
+              "building without the sm_90a int8 product")
+        return None
+    return cpp_extension.CUDAExtension(
+        "tscale._C_sm90",
+        sorted(glob.glob(f"{SM90_SOURCES}/*.cu")),
+        include_dirs=include,
+        extra_compile_args={"cxx": ["-O3"],
+                            "nvcc": ["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr",
+                                     "-gencode=arch=compute_90a,code=sm_90a"]},
+    )
+
+
+def _cutlass_include() -> list[str] | None:
+    """CUTLASS's include folders (cutlass/, cute/ and the util headers), or None."""
+    import importlib.util
+
+    roots = []
+    if os.environ.get("TSCALE_CUTLASS_DIR"):
+        roots.append(os.environ["TSCALE_CUTLASS_DIR"])
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.submodule_search_locations:
+        roots.append(os.path.join(list(spec.submodule_search_locations)[0], "source"))
+    for root in roots:
+        for include in (os.path.join(root, "include"), root):
+            if os.path.isfile(os.path.join(include, "cutlass", "cutlass.h")):
+                util = os.path.join(os.path.dirname(include), "tools", "util", "include")
+                if os.path.isfile(os.path.join(util, "cutlass", "util", "packed_stride.hpp")):
+                    return [include, util]
+    return None
 
 
 def _cublaslt() -> dict:
@@ -77,7 +134,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["tscale", "tscale.*"]) + ["tscale.cli"],
     package_dir={"tscale.cli": "cli"},
-    ext_modules=[extension()],
+    ext_modules=extensions(),
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     install_requires=[
         "torch>=2.11",

@@ -37,13 +37,14 @@ def test_path_setting_is_read_from_the_environment(monkeypatch):
         assert lowprec.gemm_path_setting() == value
     monkeypatch.delenv("TSCALE_LOWPREC_GEMM")
     assert lowprec.gemm_path_setting() == "auto"
-    monkeypatch.setenv("TSCALE_LOWPREC_GEMM", "cutlass")
+    monkeypatch.setenv("TSCALE_LOWPREC_GEMM", "cutlas")
     with pytest.raises(ValueError, match="TSCALE_LOWPREC_GEMM"):
         int8_mm(*operands(4, 16, 16, INT8, True), torch.float32)
 
 
 @pytest.mark.parametrize("setting, int8_paths, fp8_paths", [
     ("auto", ["torch", "reference"], ["reference"]),
+    ("cutlass", ["reference"], ["reference"]),
     ("cublaslt", ["reference"], ["reference"]),
     ("torch", ["torch", "reference"], ["reference"]),
     ("reference", ["reference"], ["reference"]),
@@ -51,6 +52,7 @@ def test_path_setting_is_read_from_the_environment(monkeypatch):
 def test_cpu_paths_never_include_the_cuda_kernels(monkeypatch, setting, int8_paths, fp8_paths):
     monkeypatch.setenv("TSCALE_LOWPREC_GEMM", setting)
     assert not lowprec._cublaslt_ok("int8", *operands(32, 64, 48, INT8, True)[:2], torch.bfloat16)
+    assert not lowprec._cutlass_ok("int8", *operands(32, 64, 48, INT8, True)[:2], torch.bfloat16)
     assert product_paths("int8", *operands(32, 64, 48, INT8, True), torch.bfloat16) == int8_paths
     assert product_paths("fp8", *operands(32, 64, 48, E4M3, True), torch.bfloat16) == fp8_paths
 
@@ -242,13 +244,14 @@ def test_rowwise_fp8_scales_run_in_the_epilogue_on_hopper(cuda_kernels):
         "cuBLASLt offered no outer-vector algorithm: rowwise fp8 took the scaling pass (right values, slower)")
 
 
-def test_the_layers_products_take_the_cublaslt_path(cuda_kernels, monkeypatch):
+def test_the_layers_products_take_our_kernels(cuda_kernels, monkeypatch):
     monkeypatch.delenv("TSCALE_LOWPREC_GEMM", raising=False)
     failed_before = set(lowprec._failed)
     for dtype, mm in ((E4M3, fp8_mm), (INT8, int8_mm)):
         for rowwise in (False, True):
             a, b, sa, sb = operands(4096, 1600, 6400, dtype, rowwise, seed=11, device="cuda")
-            assert product_paths("fp8" if dtype == E4M3 else "int8", a, b, sa, sb, torch.bfloat16)[0] == "cublaslt"
+            first = "cutlass" if dtype == INT8 and lowprec._cutlass_ok("int8", a, b, torch.bfloat16) else "cublaslt"
+            assert product_paths("fp8" if dtype == E4M3 else "int8", a, b, sa, sb, torch.bfloat16)[0] == first
             out = mm(a, b, sa, sb, torch.bfloat16)
             want = exact(a, b, sa, sb)[0]
             assert ((out.double() - want).norm() / want.norm()).item() < 5e-3
@@ -267,3 +270,37 @@ def test_ops_trace_under_torch_compile(cuda_kernels):
     args = (a, b, sa, sb, ai, bi, sai, sbi)
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(*args), f(*args))
+
+
+# ---- CUDA: the sm_90a int8 product with its scales in the epilogue (tscale._C_sm90) ---------------------------
+
+
+@pytest.fixture
+def sm90_int8():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a GPU of compute capability 9.0")
+    if not lowprec._sm90_int8_kernel():
+        pytest.skip("tscale._C_sm90 not built (setup.py builds it where CUTLASS is found: pip install nvidia-cutlass)")
+
+
+@pytest.mark.parametrize("M, K, N", [*MODEL_SHAPES, (64, 768, 2304), (65, 768, 2304), (1, 1600, 6400), (333, 784, 520)])
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+def test_sm90_int8_product_scales_the_exact_sums_once(sm90_int8, M, K, N, rowwise):
+    """Both tile configurations (M <= 64 and above), partial tiles, one scale or a vector of them."""
+    a, b, sa, sb = operands(M, K, N, INT8, rowwise, seed=M + K + N + 1, device="cuda")
+    want = exact(a, b, sa, sb)[0]
+    out = lowprec._int8_cutlass(a, b, sa, sb, torch.bfloat16)
+    assert out.shape == (M, N) and out.dtype == torch.bfloat16
+    # int32 sums exact; fp32 (sum * sa) * sb: two roundings of 2^-24; then one to bf16
+    torch.testing.assert_close(out.double(), want, rtol=BF16_RTOL + 2 * 2.0 ** -24, atol=0.0)
+
+
+def test_sm90_int8_product_is_the_layers_path_and_refuses_bad_operands(sm90_int8, monkeypatch):
+    monkeypatch.delenv("TSCALE_LOWPREC_GEMM", raising=False)
+    a, b, sa, sb = operands(256, 1600, 6400, INT8, True, seed=14, device="cuda")
+    assert product_paths("int8", a, b, sa, sb, torch.bfloat16)[0] == "cutlass"
+    assert product_paths("int8", a, b, sa, sb, torch.float32)[0] == "cublaslt"  # bf16 results only
+    with pytest.raises(RuntimeError, match="column-major"):
+        torch.ops.tscale.int8_scaled_mm_sm90(a, b.contiguous(), sa.reshape(-1), sb.reshape(-1).contiguous())
+    with pytest.raises(RuntimeError, match="scale_b"):
+        torch.ops.tscale.int8_scaled_mm_sm90(a, b, sa.reshape(-1), sb.reshape(-1)[:-1].contiguous())

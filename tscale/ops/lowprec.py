@@ -15,6 +15,8 @@ int8_mm(a (M, K) int8, b (K, N) int8, scale_a, scale_b, out_dtype) -> (M, N)
 
 References are plain torch (dequantise-and-matmul in fp32). quantize runs the tscale._C kernel
 (csrc/fp8) when built. The products try these paths in order and take the first whose rules hold:
+  cutlass    int8 only: tscale._C_sm90's CUTLASS kernel (csrc/fp8_sm90; compute capability 9.0, a
+             bf16 result, K a multiple of 16, N of 8), the scales applied in its epilogue
   cublaslt   tscale._C's cuBLASLt kernels (csrc/fp8/gemm_cublaslt.cu; CUDA, K and N multiples of 16,
              fp8 on compute capability >= 8.9, int8 on >= 7.5): autotuned algorithms, fp8 scales in
              cuBLASLt's epilogue, int8 as exact int32 sums plus one fused scaling pass
@@ -22,8 +24,8 @@ References are plain torch (dequantise-and-matmul in fp32). quantize runs the ts
              torch._int_mm (CUDA with M > 16 and K, N multiples of 8; and the CPU) with the scales after
   reference  the fp32 product of the quantised values, then the scales (the CPU's fp8)
 The environment variable TSCALE_LOWPREC_GEMM picks the paths (for benchmarks and debugging):
-  auto (default): cublaslt, then torch, then the reference; cublaslt / torch: only that one, then the
-  reference; reference: always the reference. It is read at every call. A path that raises for a
+  auto (default): cutlass, cublaslt, then torch, then the reference; cutlass / cublaslt / torch: only
+  that one, then the reference; reference: always the reference. It is read at every call. A path that raises for a
   problem (shapes and dtypes) is logged once and skipped for that problem from then on.
 """
 
@@ -120,7 +122,7 @@ def _check_mm_args(name: str, a, b, scale_a, scale_b, dtypes) -> None:
         raise ValueError(f"{name}: scale_b must be () or (1, {N}), got {tuple(scale_b.shape)}")
 
 
-GEMM_PATHS = ("auto", "cublaslt", "torch", "reference")
+GEMM_PATHS = ("auto", "cutlass", "cublaslt", "torch", "reference")
 LT_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _fallbacks_said: set[str] = set()
 _paths_said: set[tuple[str, str]] = set()
@@ -128,7 +130,7 @@ _failed: set[tuple] = set()  # (path, problem) pairs that raised once
 
 
 def gemm_path_setting() -> str:
-    """TSCALE_LOWPREC_GEMM: "auto" (default), "cublaslt", "torch" or "reference"."""
+    """TSCALE_LOWPREC_GEMM: "auto" (default), "cutlass", "cublaslt", "torch" or "reference"."""
     value = os.environ.get("TSCALE_LOWPREC_GEMM", "").strip().lower() or "auto"
     if value not in GEMM_PATHS:
         raise ValueError(f"TSCALE_LOWPREC_GEMM={value!r}: expected one of {', '.join(GEMM_PATHS)}")
@@ -156,6 +158,31 @@ def _gemm_kernel_on(device_type: str) -> bool:
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+@functools.cache
+def _sm90_int8_kernel() -> bool:
+    """Whether tscale._C_sm90 (the int8 product with its scales in the epilogue, sm_90a) is built and loads."""
+    if not kernels_usable_on("cuda"):
+        return False
+    try:
+        import tscale._C_sm90  # noqa: F401  (registers tscale::int8_scaled_mm_sm90)
+    except ImportError:
+        return False
+
+    @torch.library.register_fake("tscale::int8_scaled_mm_sm90")
+    def _(a, b, scale_a, scale_b):
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
+
+    return True
+
+
+def _cutlass_ok(kind: str, a, b, out_dtype) -> bool:
+    """The rules of the sm_90a int8 kernel: int8, CUDA on compute capability 9.0, bf16 out, K % 16 == 0, N % 8 == 0."""
+    if kind != "int8" or a.device.type != "cuda" or out_dtype != torch.bfloat16 or not _sm90_int8_kernel():
+        return False
+    K, N = b.shape
+    return K > 0 and K % 16 == 0 and N % 8 == 0 and _capability(a.device.index) == (9, 0)
 
 
 def _cublaslt_ok(kind: str, a, b, out_dtype) -> bool:
@@ -200,6 +227,8 @@ def product_paths(kind: str, a, b, scale_a, scale_b, out_dtype) -> list[str]:
     setting = gemm_path_setting()
     problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
     paths = []
+    if setting in ("auto", "cutlass") and _cutlass_ok(kind, a, b, out_dtype):
+        paths.append("cutlass")
     if setting in ("auto", "cublaslt") and _cublaslt_ok(kind, a, b, out_dtype):
         paths.append("cublaslt")
     if setting in ("auto", "torch") and _torch_ok(kind, a, b, scale_a, scale_b, out_dtype):
@@ -225,6 +254,14 @@ def _int8_cublaslt(a, b, scale_a, scale_b, out_dtype):
     return torch.ops.tscale.int8_gemm(*_lt_operands(a, b, scale_a, scale_b), out_dtype)
 
 
+def _int8_cutlass(a, b, scale_a, scale_b, out_dtype):
+    a, b, scale_a, scale_b = _lt_operands(a, b, scale_a, scale_b)
+    M, N = a.shape[0], b.shape[1]
+    sa = scale_a.reshape(-1).expand(M).contiguous()  # (M,): a scalar scale becomes a vector of it
+    sb = scale_b.reshape(-1).expand(N).contiguous()  # (N,)
+    return torch.ops.tscale.int8_scaled_mm_sm90(a, b, sa, sb)
+
+
 def _fp8_torch(a, b, scale_a, scale_b, out_dtype):
     tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
     sa = scale_a.float().reshape(()) if tensorwise else scale_a.float().contiguous()
@@ -239,7 +276,7 @@ def _int8_torch(a, b, scale_a, scale_b, out_dtype):
 
 
 _PATHS = {"fp8": {"cublaslt": _fp8_cublaslt, "torch": _fp8_torch},
-          "int8": {"cublaslt": _int8_cublaslt, "torch": _int8_torch}}
+          "int8": {"cutlass": _int8_cutlass, "cublaslt": _int8_cublaslt, "torch": _int8_torch}}
 
 
 def _say(kind: str, path: str, device_type: str) -> None:
