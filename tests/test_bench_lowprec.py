@@ -24,7 +24,7 @@ def test_speedups_and_loss_differences_name_the_headline_recipes():
     rates = {"bf16": 1000.0, "fp8_tensorwise": 1400.0, "fp8_rowwise": 1300.0, "int8_rowwise": 1250.0}
     out = lowprec_train.speedups(rates, "1p5b")
     assert out["fp8_vs_bf16_train_speedup_1p5b"] == 1.4 and out["int8_vs_bf16_train_speedup_1p5b"] == 1.25
-    assert out["train_tokens_per_s_fp8_rowwise_1p5b"] == 1300
+    assert out["train_tokens_per_s_fp8_rowwise_1p5b"] == 1300 and out["train_speedup_fp8_rowwise_1p5b"] == 1.3
     diffs = lowprec_train.quality_diffs({"bf16": 3.0, "fp8_tensorwise": 3.03, "int8_rowwise": 2.97})
     assert diffs["fp8_val_loss_rel_diff"] == pytest.approx(0.01) and diffs["int8_val_loss_rel_diff"] == pytest.approx(-0.01)
     assert "int8_vs_bf16_train_speedup_124m" not in lowprec_train.speedups({"int8_rowwise": 5.0}, "124m")
@@ -51,6 +51,15 @@ PROFILE = """
      0.400 ms    1x  nvjet_sm90_tst_128x160_64x5_1x2_h_bz_NTT
      0.150 ms    1x  void tscale::(anonymous namespace)::scale_kernel<true, 1>(void const*
 """
+
+
+def test_every_recipe_name_selects_a_valid_precision_config():
+    from tscale.config import load_config
+
+    for recipe in lowprec_train.RECIPES:
+        cfg = load_config(None, lowprec_train.recipe_sets(recipe)).precision
+        assert cfg.recipe == ("int8_rowwise" if recipe == lowprec_train.INT8_BACKWARD else recipe)
+        assert cfg.int8_backward == (recipe == lowprec_train.INT8_BACKWARD)
 
 
 def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():

@@ -18,7 +18,8 @@ continues); then `tscale eval` of each final checkpoint on every validation toke
 Both merge their metrics into docs/bench/lowprec.json (the other metrics stay):
 `{fp8,int8}_vs_bf16_train_speedup_{124m,1p5b}` (fp8 = fp8_tensorwise, int8 = int8_rowwise,
 chosen before measuring: the fastest products of each kind in the gemm benchmark),
-`train_tokens_per_s_<recipe>_<size>` for every recipe run, and `{fp8,int8}_val_loss_rel_diff`
+`train_tokens_per_s_<recipe>_<size>` and `train_speedup_<recipe>_<size>` for every recipe run
+(int8_rowwise_bwd: int8_rowwise with precision.int8_backward, all three products in int8), and `{fp8,int8}_val_loss_rel_diff`
 = (val loss of the recipe - val loss of bf16) / val loss of bf16 with `val_loss_<recipe>`.
 """
 
@@ -39,7 +40,8 @@ from tscale.config import load_config  # noqa: E402
 from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
-RECIPES = ["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise"]
+RECIPES = ["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_rowwise_bwd"]
+INT8_BACKWARD = "int8_rowwise_bwd"  # int8_rowwise with its backward products in int8 too (precision.int8_backward)
 HEADLINE = {"fp8": "fp8_tensorwise", "int8": "int8_rowwise"}
 SIZES = {
     "124m": {"config": "configs/gpt2-124m.toml", "sets": ["train.batch_size=32"]},
@@ -49,6 +51,13 @@ SIZES = {
 TINY = {"config": None, "sets": ['model.arch="gpt2"', "model.n_layer=2", "model.n_head=2", "model.d_model=64",
                                  "model.seq_len=64", "train.batch_size=4", "train.compile=false", 'train.device="cpu"',
                                  "train.eval_batches=2", "optim.warmup_steps=2"]}
+
+
+def recipe_sets(recipe: str) -> list[str]:
+    """The --set overrides that select a recipe of RECIPES."""
+    if recipe == INT8_BACKWARD:
+        return ['precision.recipe="int8_rowwise"', "precision.int8_backward=true"]
+    return [f'precision.recipe="{recipe}"']
 
 
 def harmonic_rate(records: list[dict], after_step: int) -> float:
@@ -62,6 +71,9 @@ def harmonic_rate(records: list[dict], after_step: int) -> float:
 def speedups(rates: dict[str, float], size: str) -> dict:
     """{recipe rates, fp8 / int8 speedups over bf16} for one size, from {recipe: tokens/s}."""
     out = {f"train_tokens_per_s_{recipe}_{size}": round(rate) for recipe, rate in rates.items()}
+    if "bf16" in rates:
+        out.update({f"train_speedup_{recipe}_{size}": round(rate / rates["bf16"], 4)
+                    for recipe, rate in rates.items() if recipe != "bf16"})
     for kind, recipe in HEADLINE.items():
         if recipe in rates and "bf16" in rates:
             out[f"{kind}_vs_bf16_train_speedup_{size}"] = round(rates[recipe] / rates["bf16"], 4)
@@ -85,7 +97,7 @@ def speed(args) -> tuple[dict, str]:
         for size, spec in sizes.items():
             rates = {}
             for recipe in args.recipes:
-                sets = [*spec["sets"], f'precision.recipe="{recipe}"', f"train.steps={args.warmup + args.steps}",
+                sets = [*spec["sets"], *recipe_sets(recipe), f"train.steps={args.warmup + args.steps}",
                         "train.eval_every=0", "train.ckpt_every=0", f"train.log_every={log_every}"]
                 cfg = load_config(REPO / spec["config"] if spec["config"] else None, sets)
                 need = (args.warmup + args.steps + 2) * cfg.train.batch_size * (cfg.model.seq_len + 1)
@@ -133,7 +145,7 @@ def quality(args) -> tuple[dict, str]:
             if done:
                 tscale(["train", "-o", run, "--resume", "--quiet"], log)
             else:
-                sets = [*spec["sets"], f'precision.recipe="{recipe}"', f"train.steps={steps}",
+                sets = [*spec["sets"], *recipe_sets(recipe), f"train.steps={steps}",
                         f"optim.warmup_steps={max(1, steps // 10)}", f"train.eval_every={steps}",
                         f"train.ckpt_every={max(1, steps // 4)}", "train.keep_last=1"]
                 config = [REPO / spec["config"]] if spec["config"] else []
