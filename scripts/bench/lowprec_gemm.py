@@ -24,7 +24,7 @@ left out and named in the notes). TFLOP/s counts 2 M N K per product (6 M N K pe
 Times come from CUDA events after warm-up (wall time on the CPU, for a smoke run with small --tokens).
 
 Run: python scripts/bench/lowprec_gemm.py [--tokens 16384] [--repeats 20] [--no-write]
-Writes docs/bench/lowprec.json: int8_vs_bf16_gemm_rate_1p5b and fp8_vs_bf16_gemm_rate_1p5b (bf16 time over
+Merges into docs/bench/lowprec.json (its other parts stay): int8_vs_bf16_gemm_rate_1p5b and fp8_vs_bf16_gemm_rate_1p5b (bf16 time over
 the time of OUR raw product on pre-quantised operands, the faster of int8_sm90 and int8_lt for int8 and
 fp8_lt for fp8, summed over the four products of a 1.5B block), the same for 124M, every column's *_vs_bf16_rate_*, layer fwd+bwd ratios, and every per-shape
 TFLOP/s.
@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, time_per_call, write_record  # noqa: E402
+from common import REPO, merge_metrics, time_per_call  # noqa: E402
 
 from tscale.ops import backend, lowprec  # noqa: E402
 from tscale.ops.lowprec import fp8_mm, int8_mm, quantize  # noqa: E402
@@ -219,7 +219,7 @@ def main() -> None:
         stats = ", ".join(f"{n}={v}" for n, v in zip(names, torch.ops.tscale.lowprec_gemm_stats()))
         print(f"lowprec_gemm_stats: {stats}")
     if not args.no_write:
-        notes = (f"M={args.tokens} tokens; forward products of one block's four linear layers (d, 3d, 4d); "
+        notes = (f"gemm (lowprec_gemm.py): M={args.tokens} tokens; forward products of one block's four linear layers (d, 3d, 4d); "
                  f"*_vs_bf16_rate_* = bf16 time / that column's time, summed over the block; "
                  f"int8_vs_bf16_gemm_rate / fp8_vs_bf16_gemm_rate use our products (int8: the faster of int8_sm90, "
                  f"CUTLASS with the scales in the epilogue, and int8_lt, cuBLASLt int8 x int8 -> int32 + one scaling "
@@ -228,7 +228,7 @@ def main() -> None:
                  f"step time / LowPrecLinear step time; ops: {backend()}"
                  + (f"; cuBLASLt GEMM stats: {stats}" if stats else "")
                  + (f"; checks failed (columns left out): {'; '.join(failures)}" if failures else ""))
-        path = write_record("lowprec", metrics, notes, args.out_dir)
+        path = merge_metrics("lowprec", metrics, notes, args.out_dir)  # the training parts stay
         print(f"-> {path}")
 
 
