@@ -12,20 +12,20 @@ from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 
-SM90_SOURCES = "csrc/fp8_sm90"  # its own module, tscale._C_sm90 (sm_90a only, needs CUTLASS)
+CUTLASS_SOURCES = "csrc/cutlass"  # their own module, tscale._C_cutlass (needs CUTLASS's headers)
 
 
 def extensions() -> list:
-    """tscale._C always; tscale._C_sm90 too where it can be built (see _sm90_extension)."""
+    """tscale._C always; tscale._C_cutlass too where it can be built (see _cutlass_extension)."""
     main, with_cuda = extension()
-    sm90 = _sm90_extension() if with_cuda else None
-    return [main, sm90] if sm90 else [main]
+    cutlass = _cutlass_extension() if with_cuda else None
+    return [main, cutlass] if cutlass else [main]
 
 
 def extension():
     """(tscale._C, whether it has the CUDA kernels)."""
-    cpp_sources = sorted(p for p in glob.glob("csrc/**/*.cpp", recursive=True) if not p.startswith(SM90_SOURCES))
-    cuda_sources = sorted(p for p in glob.glob("csrc/**/*.cu", recursive=True) if not p.startswith(SM90_SOURCES))
+    cpp_sources = sorted(p for p in glob.glob("csrc/**/*.cpp", recursive=True) if not p.startswith(CUTLASS_SOURCES))
+    cuda_sources = sorted(p for p in glob.glob("csrc/**/*.cu", recursive=True) if not p.startswith(CUTLASS_SOURCES))
     with_cuda = bool(cuda_sources) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
     if os.environ.get("TSCALE_NO_CUDA") == "1":
         with_cuda = False
@@ -47,30 +47,44 @@ def extension():
                                       extra_link_args=["-fopenmp"]), False
 
 
-def _sm90_extension():
-    """tscale._C_sm90: the int8 product with its scales in the epilogue, for sm_90a, from CUTLASS's headers.
+def _cutlass_extension():
+    """tscale._C_cutlass: int8 products with their scales in the epilogue, from CUTLASS's headers.
 
-    Built when the CUDA architectures include 9.0 and CUTLASS is found: TSCALE_CUTLASS_DIR (a
-    CUTLASS checkout or its include folder) or the pip package nvidia-cutlass (`pip install
-    nvidia-cutlass`, headers only). TSCALE_NO_SM90=1 skips it. Without it the int8 products
+    Built when CUTLASS is found: TSCALE_CUTLASS_DIR (a CUTLASS checkout or its include folder)
+    or the pip package nvidia-cutlass (`pip install nvidia-cutlass`, headers only);
+    TSCALE_NO_CUTLASS=1 skips it. Compiled for the architectures of TORCH_CUDA_ARCH_LIST from 8.0
+    up, with 9.0 as sm_90a (the Hopper kernel's wgmma needs it). Without the module int8 products
     take cuBLASLt's int32 output and a scaling pass.
     """
-    arches = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-    if os.environ.get("TSCALE_NO_SM90") == "1" or "9.0" not in arches:
+    if os.environ.get("TSCALE_NO_CUTLASS") == "1":
         return None
+    arches = _cutlass_arches(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
     include = _cutlass_include()
-    if include is None:
-        print("setup.py: CUTLASS not found (pip install nvidia-cutlass, or TSCALE_CUTLASS_DIR); "
-              "building without the sm_90a int8 product")
+    if include is None or not arches:
+        print("setup.py: CUTLASS not found (pip install nvidia-cutlass, or TSCALE_CUTLASS_DIR) or no architecture "
+              "from 8.0 up; building without the CUTLASS int8 products")
         return None
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in arches]
     return cpp_extension.CUDAExtension(
-        "tscale._C_sm90",
-        sorted(glob.glob(f"{SM90_SOURCES}/*.cu")),
+        "tscale._C_cutlass",
+        sorted(glob.glob(f"{CUTLASS_SOURCES}/*.cpp") + glob.glob(f"{CUTLASS_SOURCES}/*.cu")),
         include_dirs=include,
         extra_compile_args={"cxx": ["-O3"],
-                            "nvcc": ["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr",
-                                     "-gencode=arch=compute_90a,code=sm_90a"]},
+                            "nvcc": ["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr", *gencode]},
     )
+
+
+def _cutlass_arches(arch_list: str) -> list[str]:
+    """"8.0;8.9;9.0+PTX" -> ["80", "89", "90a"]: the architectures from 8.0 up, Hopper as sm_90a."""
+    out = []
+    for item in arch_list.replace(",", ";").replace(" ", ";").split(";"):
+        item = item.split("+")[0].strip().rstrip("a")
+        if not item or "." not in item:
+            continue
+        major, minor = item.split(".", 1)
+        if int(major) >= 8 and f"{major}{minor}" not in [a.rstrip("a") for a in out]:
+            out.append(f"{major}{minor}a" if (major, minor) == ("9", "0") else f"{major}{minor}")
+    return out
 
 
 def _cutlass_include() -> list[str] | None:

@@ -272,35 +272,46 @@ def test_ops_trace_under_torch_compile(cuda_kernels):
     torch.testing.assert_close(compiled(*args), f(*args))
 
 
-# ---- CUDA: the sm_90a int8 product with its scales in the epilogue (tscale._C_sm90) ---------------------------
+# ---- CUDA: the CUTLASS int8 products with their scales in the epilogue (tscale._C_cutlass) -------------------
 
 
 @pytest.fixture
-def sm90_int8():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs a GPU of compute capability 9.0")
-    if not lowprec._sm90_int8_kernel():
-        pytest.skip("tscale._C_sm90 not built (setup.py builds it where CUTLASS is found: pip install nvidia-cutlass)")
+def cutlass_int8():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("needs a GPU of compute capability 8.0 or newer")
+    if not lowprec._cutlass_kernels():
+        pytest.skip("tscale._C_cutlass not built (setup.py builds it where CUTLASS is found: pip install nvidia-cutlass)")
 
 
-@pytest.mark.parametrize("M, K, N", [*MODEL_SHAPES, (64, 768, 2304), (65, 768, 2304), (1, 1600, 6400), (333, 784, 520)])
+CUTLASS_SHAPES = [*MODEL_SHAPES, (32, 768, 2304), (33, 768, 2304), (64, 768, 2304), (65, 768, 2304),
+                  (1, 1600, 6400), (333, 784, 520)]
+
+
+@pytest.mark.parametrize("op", ["int8_scaled_mm_sm80", "int8_scaled_mm_sm90"])
+@pytest.mark.parametrize("M, K, N", CUTLASS_SHAPES)
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
-def test_sm90_int8_product_scales_the_exact_sums_once(sm90_int8, M, K, N, rowwise):
-    """Both tile configurations (M <= 64 and above), partial tiles, one scale or a vector of them."""
+def test_cutlass_int8_products_scale_the_exact_sums_once(cutlass_int8, op, M, K, N, rowwise):
+    """Each kernel's tile configurations (small and large M), partial tiles, one scale or a vector of them."""
+    if op.endswith("sm90") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernel needs compute capability 9.0")
     a, b, sa, sb = operands(M, K, N, INT8, rowwise, seed=M + K + N + 1, device="cuda")
     want = exact(a, b, sa, sb)[0]
-    out = lowprec._int8_cutlass(a, b, sa, sb, torch.bfloat16)
+    sa_v = sa.reshape(-1).expand(M).contiguous()  # (M,)
+    sb_v = sb.reshape(-1).expand(N).contiguous()  # (N,)
+    out = getattr(torch.ops.tscale, op)(a, b, sa_v, sb_v)
     assert out.shape == (M, N) and out.dtype == torch.bfloat16
     # int32 sums exact; fp32 (sum * sa) * sb: two roundings of 2^-24; then one to bf16
     torch.testing.assert_close(out.double(), want, rtol=BF16_RTOL + 2 * 2.0 ** -24, atol=0.0)
 
 
-def test_sm90_int8_product_is_the_layers_path_and_refuses_bad_operands(sm90_int8, monkeypatch):
+def test_cutlass_int8_product_is_the_layers_path_and_refuses_bad_operands(cutlass_int8, monkeypatch):
     monkeypatch.delenv("TSCALE_LOWPREC_GEMM", raising=False)
     a, b, sa, sb = operands(256, 1600, 6400, INT8, True, seed=14, device="cuda")
     assert product_paths("int8", a, b, sa, sb, torch.bfloat16)[0] == "cutlass"
     assert product_paths("int8", a, b, sa, sb, torch.float32)[0] == "cublaslt"  # bf16 results only
+    out = int8_mm(a, b, sa, sb, torch.bfloat16)
+    torch.testing.assert_close(out.double(), exact(a, b, sa, sb)[0], rtol=BF16_RTOL + 2 * 2.0 ** -24, atol=0.0)
     with pytest.raises(RuntimeError, match="column-major"):
-        torch.ops.tscale.int8_scaled_mm_sm90(a, b.contiguous(), sa.reshape(-1), sb.reshape(-1).contiguous())
+        torch.ops.tscale.int8_scaled_mm_sm80(a, b.contiguous(), sa.reshape(-1), sb.reshape(-1).contiguous())
     with pytest.raises(RuntimeError, match="scale_b"):
-        torch.ops.tscale.int8_scaled_mm_sm90(a, b, sa.reshape(-1), sb.reshape(-1)[:-1].contiguous())
+        torch.ops.tscale.int8_scaled_mm_sm80(a, b, sa.reshape(-1), sb.reshape(-1)[:-1].contiguous())

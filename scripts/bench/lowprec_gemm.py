@@ -12,7 +12,7 @@ forward product y = x W^T is timed as (operands already quantised unless said ot
   int_mm            torch._int_mm, int8 -> int32 (no scales)
   int8_lt_i32       ours (tscale::int8_gemm_i32), int8 -> int32 (no scales)
   int8_lt           ours (tscale::int8_gemm), per-token x per-channel scales, bf16 out
-  int8_sm90         ours (tscale::int8_scaled_mm_sm90, CUTLASS, sm_90a), the same with the scales in the epilogue
+  int8_cutlass      ours (tscale::int8_scaled_mm_sm90 / _sm80, CUTLASS), the same with the scales in the epilogue
   fp8_percall       what LowPrecLinear does per call: quantize x and W (one scale each) + fp8_mm
   int8_percall      quantize x and W per row + int8_mm (bf16 out)
 and the training step of a whole layer (forward + backward) as
@@ -25,7 +25,7 @@ Times come from CUDA events after warm-up (wall time on the CPU, for a smoke run
 
 Run: python scripts/bench/lowprec_gemm.py [--tokens 16384] [--repeats 20] [--no-write]
 Merges into docs/bench/lowprec.json (its other parts stay): int8_vs_bf16_gemm_rate_1p5b and fp8_vs_bf16_gemm_rate_1p5b (bf16 time over
-the time of OUR raw product on pre-quantised operands, the faster of int8_sm90 and int8_lt for int8 and
+the time of OUR raw product on pre-quantised operands, the faster of int8_cutlass and int8_lt for int8 and
 fp8_lt for fp8, summed over the four products of a 1.5B block), the same for 124M, every column's *_vs_bf16_rate_*, layer fwd+bwd ratios, and every per-shape
 TFLOP/s.
 """
@@ -100,8 +100,9 @@ def product_fns(M: int, K: int, N: int, device: torch.device) -> tuple[dict, dic
         refs["int8_lt"] = lambda: exact(xi8, wi8, sxi, swi_t)
     if device.type == "cuda" and lowprec._cutlass_ok("int8", xi8, wi8.t(), torch.bfloat16):
         sxi_v, swi_v = sxi.reshape(-1).contiguous(), swi.reshape(-1).contiguous()  # (M,), (N,)
-        fns["int8_sm90"] = lambda: torch.ops.tscale.int8_scaled_mm_sm90(xi8, wi8.t(), sxi_v, swi_v)
-        refs["int8_sm90"] = lambda: exact(xi8, wi8, sxi, swi_t)
+        cutlass_mm = lowprec._cutlass_op(device.index if device.index is not None else torch.cuda.current_device())
+        fns["int8_cutlass"] = lambda: cutlass_mm(xi8, wi8.t(), sxi_v, swi_v)
+        refs["int8_cutlass"] = lambda: exact(xi8, wi8, sxi, swi_t)
     return fns, refs
 
 
@@ -179,7 +180,7 @@ def measure(tokens: int, repeats: int, device: torch.device) -> tuple[dict, list
         for kind, t in totals.items():
             if kind != "bf16" and not kind.startswith("layer_"):
                 metrics[f"{kind}_vs_bf16_rate_{model}"] = bf16 / t
-        ours_int8 = [totals[k] for k in ("int8_sm90", "int8_lt") if k in totals]
+        ours_int8 = [totals[k] for k in ("int8_cutlass", "int8_lt") if k in totals]
         if ours_int8:
             metrics[f"int8_vs_bf16_gemm_rate_{model}"] = bf16 / min(ours_int8)
         if "fp8_lt" in totals:
@@ -221,7 +222,7 @@ def main() -> None:
     if not args.no_write:
         notes = (f"gemm (lowprec_gemm.py): M={args.tokens} tokens; forward products of one block's four linear layers (d, 3d, 4d); "
                  f"*_vs_bf16_rate_* = bf16 time / that column's time, summed over the block; "
-                 f"int8_vs_bf16_gemm_rate / fp8_vs_bf16_gemm_rate use our products (int8: the faster of int8_sm90, "
+                 f"int8_vs_bf16_gemm_rate / fp8_vs_bf16_gemm_rate use our products (int8: the faster of int8_cutlass, "
                  f"CUTLASS with the scales in the epilogue, and int8_lt, cuBLASLt int8 x int8 -> int32 + one scaling "
                  f"pass to bf16; fp8_lt: cuBLASLt e4m3, scales in the epilogue) on pre-quantised "
                  f"operands; *_percall_* include quantizing x and W; *_layer_fwdbwd_* = nn.Linear bf16 autocast "

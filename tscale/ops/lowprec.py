@@ -15,8 +15,9 @@ int8_mm(a (M, K) int8, b (K, N) int8, scale_a, scale_b, out_dtype) -> (M, N)
 
 References are plain torch (dequantise-and-matmul in fp32). quantize runs the tscale._C kernel
 (csrc/fp8) when built. The products try these paths in order and take the first whose rules hold:
-  cutlass    int8 only: tscale._C_sm90's CUTLASS kernel (csrc/fp8_sm90; compute capability 9.0, a
-             bf16 result, K a multiple of 16, N of 8), the scales applied in its epilogue
+  cutlass    int8 only: tscale._C_cutlass's CUTLASS kernels (csrc/cutlass; TMA + wgmma on compute
+             capability 9.0, mma.sync on 8.x; a bf16 result, K a multiple of 16, N of 8), the scales
+             applied in their epilogue
   cublaslt   tscale._C's cuBLASLt kernels (csrc/fp8/gemm_cublaslt.cu; CUDA, K and N multiples of 16,
              fp8 on compute capability >= 8.9, int8 on >= 7.5): autotuned algorithms, fp8 scales in
              cuBLASLt's epilogue, int8 as exact int32 sums plus one fused scaling pass
@@ -161,28 +162,35 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 @functools.cache
-def _sm90_int8_kernel() -> bool:
-    """Whether tscale._C_sm90 (the int8 product with its scales in the epilogue, sm_90a) is built and loads."""
+def _cutlass_kernels() -> bool:
+    """Whether tscale._C_cutlass (int8 products with their scales in the epilogue) is built and loads."""
     if not kernels_usable_on("cuda"):
         return False
     try:
-        import tscale._C_sm90  # noqa: F401  (registers tscale::int8_scaled_mm_sm90)
+        import tscale._C_cutlass  # noqa: F401  (registers tscale::int8_scaled_mm_sm80 / _sm90)
     except ImportError:
         return False
-
-    @torch.library.register_fake("tscale::int8_scaled_mm_sm90")
-    def _(a, b, scale_a, scale_b):
-        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
-
+    for op in ("int8_scaled_mm_sm80", "int8_scaled_mm_sm90"):
+        @torch.library.register_fake(f"tscale::{op}")
+        def _(a, b, scale_a, scale_b):
+            return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
     return True
 
 
+def _cutlass_op(device_index: int):
+    """The CUTLASS int8 product for this GPU: the Hopper kernel on 9.0, the mma.sync one on other 8.0+."""
+    major, minor = _capability(device_index)
+    if (major, minor) == (9, 0):
+        return torch.ops.tscale.int8_scaled_mm_sm90
+    return torch.ops.tscale.int8_scaled_mm_sm80 if major >= 8 else None
+
+
 def _cutlass_ok(kind: str, a, b, out_dtype) -> bool:
-    """The rules of the sm_90a int8 kernel: int8, CUDA on compute capability 9.0, bf16 out, K % 16 == 0, N % 8 == 0."""
-    if kind != "int8" or a.device.type != "cuda" or out_dtype != torch.bfloat16 or not _sm90_int8_kernel():
+    """The rules of the CUTLASS int8 kernels: int8, CUDA on 8.0+, a bf16 result, K % 16 == 0, N % 8 == 0."""
+    if kind != "int8" or a.device.type != "cuda" or out_dtype != torch.bfloat16 or not _cutlass_kernels():
         return False
     K, N = b.shape
-    return K > 0 and K % 16 == 0 and N % 8 == 0 and _capability(a.device.index) == (9, 0)
+    return K > 0 and K % 16 == 0 and N % 8 == 0 and _cutlass_op(a.device.index) is not None
 
 
 def _cublaslt_ok(kind: str, a, b, out_dtype) -> bool:
@@ -259,7 +267,7 @@ def _int8_cutlass(a, b, scale_a, scale_b, out_dtype):
     M, N = a.shape[0], b.shape[1]
     sa = scale_a.reshape(-1).expand(M).contiguous()  # (M,): a scalar scale becomes a vector of it
     sb = scale_b.reshape(-1).expand(N).contiguous()  # (N,)
-    return torch.ops.tscale.int8_scaled_mm_sm90(a, b, sa, sb)
+    return _cutlass_op(a.device.index)(a, b, sa, sb)
 
 
 def _fp8_torch(a, b, scale_a, scale_b, out_dtype):

@@ -8,12 +8,10 @@
 // a row-major, b column-major (the bytes of a row-major (N, K) weight), K % 16 == 0,
 // N % 8 == 0, 16-byte aligned; scale_a (M) and scale_b (N) contiguous float32.
 //
-// This file is its own extension module, tscale._C_sm90, built only for sm_90a and only where
-// CUTLASS's headers are found (setup.py); tscale.ops uses it when it is importable.
+// Part of tscale._C_cutlass (module.cpp), whose sm_90 code is built for sm_90a.
 #include <torch/extension.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+
+#include "int8_gemm_common.h"
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -33,11 +31,6 @@ namespace fusion = cutlass::epilogue::fusion;
 using ElementD = cutlass::bfloat16_t;
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
-int device_attribute(cudaDeviceAttr attr, int device) {
-  int value = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
-}
 
 // One kernel configuration: CTA tile, cluster, and the warp-specialised schedules of mainloop and epilogue.
 template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
@@ -97,64 +90,15 @@ void run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, co
   args.epilogue.thread = {{{}, {scale_a.data_ptr<float>()}, {}}, {scale_b.data_ptr<float>()}, {}};
   args.hw_info.device_id = a.get_device();
   args.hw_info.sm_count = device_attribute(cudaDevAttrMultiProcessorCount, a.get_device());
-
-  Gemm gemm;
-  TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess,
-              "int8_scaled_mm_sm90: CUTLASS cannot run M=", M, " N=", N, " K=", K);
-  const auto workspace = at::empty({static_cast<int64_t>(Gemm::get_workspace_size(args))},
-                                   a.options().dtype(at::kByte));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  TORCH_CHECK(gemm.initialize(args, workspace.data_ptr(), stream) == cutlass::Status::kSuccess,
-              "int8_scaled_mm_sm90: initialize failed");
-  TORCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "int8_scaled_mm_sm90: launch failed");
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-at::Tensor int8_scaled_mm_sm90(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                               const at::Tensor& scale_b) {
-  TORCH_CHECK(a.is_cuda() && b.is_cuda() && scale_a.is_cuda() && scale_b.is_cuda(),
-              "int8_scaled_mm_sm90: all operands must be CUDA tensors");
-  TORCH_CHECK(a.scalar_type() == at::kChar && b.scalar_type() == at::kChar, "int8_scaled_mm_sm90: a and b must be int8");
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "int8_scaled_mm_sm90: expected (M, K) @ (K, N)");
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  TORCH_CHECK(M < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31),
-              "int8_scaled_mm_sm90: dimensions must fit in 32 bits");
-  TORCH_CHECK(a.is_contiguous(), "int8_scaled_mm_sm90: a must be row-major");
-  TORCH_CHECK(b.stride(0) == 1 && b.stride(1) == K, "int8_scaled_mm_sm90: b must be column-major (a weight's transpose)");
-  TORCH_CHECK(K % 16 == 0 && N % 8 == 0, "int8_scaled_mm_sm90: needs K % 16 == 0 and N % 8 == 0, got K=", K, " N=", N);
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0,
-              "int8_scaled_mm_sm90: a and b must be 16-byte aligned");
-  TORCH_CHECK(scale_a.scalar_type() == at::kFloat && scale_a.is_contiguous() && scale_a.numel() == M,
-              "int8_scaled_mm_sm90: scale_a must be M contiguous float32 values");
-  TORCH_CHECK(scale_b.scalar_type() == at::kFloat && scale_b.is_contiguous() && scale_b.numel() == N,
-              "int8_scaled_mm_sm90: scale_b must be N contiguous float32 values");
-  const c10::cuda::CUDAGuard guard(a.device());
-  const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, a.get_device());
-  const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, a.get_device());
-  TORCH_CHECK(major == 9 && minor == 0, "int8_scaled_mm_sm90: needs compute capability 9.0, got ", major, ".", minor);
-  at::Tensor out = at::empty({M, N}, a.options().dtype(at::kBFloat16));
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return out.zero_();
-  if (M <= 64) {
-    run<SmallM>(a, b, scale_a, scale_b, out);
-  } else {
-    run<LargeM>(a, b, scale_a, scale_b, out);
-  }
-  return out;
+  launch_cutlass_gemm<Gemm>("int8_scaled_mm_sm90", args, a);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(tscale, m) {
-  m.def("int8_scaled_mm_sm90(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(tscale, CUDA, m) {
-  m.impl("int8_scaled_mm_sm90", &int8_scaled_mm_sm90);
+at::Tensor int8_scaled_mm_sm90(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                               const at::Tensor& scale_b) {
+  return int8_scaled_mm("int8_scaled_mm_sm90", a, b, scale_a, scale_b, 9, 0, /*same_major=*/true,
+                        /*small_m=*/64, run<SmallM>, run<LargeM>);
 }
 
 }  // namespace tscale
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "tscale's sm_90a kernels: the int8 product with its scales in the epilogue (CUTLASS)";
-}
