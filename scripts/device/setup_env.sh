@@ -3,7 +3,8 @@
 #
 #   source scripts/device/setup_env.sh LOG_DIR     (from the repository root)
 #
-# Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
+# Installs .whl/ (nvidia-cutlass among them builds tscale._C_cutlass; a failed build of it is retried
+# without it). Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
 # machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++
 # statically made the tests segfault), MAX_JOBS and TORCH_CUDA_ARCH_LIST (this GPU's
 # capability, e.g. 9.0, ignoring a preset such as 9.0a). Prints the build time.
@@ -18,7 +19,14 @@ TORCH_CUDA_ARCH_LIST=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_
 export TORCH_CUDA_ARCH_LIST
 t0=$(date +%s)
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$LOG_DIR/build.log" 2>&1; then
+  # the optional CUTLASS module is the likeliest to fail on a new toolchain: report it, build without it
   tail -40 "$LOG_DIR/build.log"
-  return 1 2>/dev/null || exit 1
+  echo "build failed; retrying without tscale._C_cutlass (TSCALE_NO_CUTLASS=1)"
+  if ! TSCALE_NO_CUTLASS=1 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+      > "$LOG_DIR/build-without-cutlass.log" 2>&1; then
+    tail -40 "$LOG_DIR/build-without-cutlass.log"
+    return 1 2>/dev/null || exit 1
+  fi
 fi
-echo "extension built for sm_${TORCH_CUDA_ARCH_LIST/./} in $(( $(date +%s) - t0 )) s"
+modules=$(python3 -c "import importlib.util as u; print(' '.join(m for m in ('tscale._C', 'tscale._C_cutlass') if u.find_spec(m)))")
+echo "built for sm_${TORCH_CUDA_ARCH_LIST/./} in $(( $(date +%s) - t0 )) s: $modules"
