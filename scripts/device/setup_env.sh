@@ -3,8 +3,9 @@
 #
 #   source scripts/device/setup_env.sh LOG_DIR     (from the repository root)
 #
-# Installs .whl/ (nvidia-cutlass among them builds tscale._C_cutlass; a failed build of it is retried
-# without it). Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
+# Installs .whl/*.whl and unpacks .whl/cutlass-*-headers.tar.xz (include/cutlass, include/cute and
+# tools/util/include of a CUTLASS release) for tscale._C_cutlass; a failed build of it is retried
+# without it. Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
 # machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++
 # statically made the tests segfault), MAX_JOBS and TORCH_CUDA_ARCH_LIST (this GPU's
 # capability, e.g. 9.0, ignoring a preset such as 9.0a). Prints the build time.
@@ -13,6 +14,10 @@ mkdir -p "$LOG_DIR"
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$LOG_DIR/wheels.log" 2>&1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if compgen -G ".whl/cutlass-*-headers.tar.xz" > /dev/null; then  # CUTLASS's headers, smaller than its wheel
+  mkdir -p /tmp/cutlass && tar -xJf .whl/cutlass-*-headers.tar.xz -C /tmp/cutlass
+  export TSCALE_CUTLASS_DIR=/tmp/cutlass
 fi
 export CC=${TSCALE_CC:-gcc} CXX=${TSCALE_CXX:-g++} MAX_JOBS=${MAX_JOBS:-$(nproc)}
 TORCH_CUDA_ARCH_LIST=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
