@@ -58,8 +58,10 @@ def test_every_recipe_name_selects_a_valid_precision_config():
 
     for recipe in lowprec_train.RECIPES:
         cfg = load_config(None, lowprec_train.recipe_sets(recipe)).precision
-        assert cfg.recipe == ("int8_rowwise" if recipe == lowprec_train.INT8_BACKWARD else recipe)
+        base = {lowprec_train.INT8_BACKWARD: "int8_rowwise", lowprec_train.FP8_FAST_ACCUM: "fp8_tensorwise"}
+        assert cfg.recipe == base.get(recipe, recipe)
         assert cfg.int8_backward == (recipe == lowprec_train.INT8_BACKWARD)
+        assert cfg.fp8_fast_accum == (recipe == lowprec_train.FP8_FAST_ACCUM)
 
 
 def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():

@@ -115,7 +115,7 @@ def test_product_shape_errors_are_clear():
         int8_mm(q, q.t(), torch.ones(3, 1), torch.tensor(1.0), torch.float32)
 
 
-# ---- the autograd Function ----------------------------------------------------------------------------------
+# ---- the low-precision matmul op and its autograd ---------------------------------------------------------
 
 # recipe -> (forward, grad input, grad weight) relative error bounds against fp32 on random data
 TOLERANCE = {
@@ -123,11 +123,16 @@ TOLERANCE = {
     "fp8_rowwise": (0.06, 0.06, 0.06),
     "int8_rowwise": (0.015, 1e-6, 1e-6),  # backward in high precision: exact
     "int8_rowwise+int8_backward": (0.015, 0.03, 0.03),  # per-column scales over rows of unequal size
+    "fp8_tensorwise+fast_accum": (0.06, 0.10, 0.10),  # fast accumulation in the forward product
 }
 
 
 def _recipe(name):
-    return get_recipe("int8_rowwise", True) if name.endswith("int8_backward") else get_recipe(name)
+    if name.endswith("int8_backward"):
+        return get_recipe("int8_rowwise", True)
+    if name.endswith("fast_accum"):
+        return get_recipe(name.split("+")[0], fp8_fast_accum=True)
+    return get_recipe(name)
 
 
 def _rel(a, b):
@@ -174,6 +179,33 @@ def test_convert_linears_keeps_parameters_names_and_exclusions():
     assert convert_linears(model, "fp8_tensorwise", include=["*.mlp.*"]) == []  # already converted
     assert convert_linears(build_model(model.cfg), "bf16") == []
     model(torch.randint(0, 100, (2, 16))).sum().backward()
+
+
+def test_fast_accumulation_reaches_the_forward_product_only(monkeypatch):
+    seen = []
+    real = lowprec._product
+
+    def spy(kind, a, b, scale_a, scale_b, out_dtype, fast_accum=False):
+        seen.append((tuple(a.shape), fast_accum))
+        return real(kind, a, b, scale_a, scale_b, out_dtype, fast_accum)
+
+    monkeypatch.setattr(lowprec, "_product", spy)
+    recipe = get_recipe("fp8_tensorwise", fp8_fast_accum=True)
+    assert recipe.fast_accum and recipe.name == "fp8_tensorwise+fast_accum"
+    layer = LowPrecLinear(nn.Linear(32, 16, bias=False), recipe)
+    x = rand(8, 32, seed=16).requires_grad_()
+    layer(x).backward(rand(8, 16, seed=17))
+    assert seen == [((8, 32), True), ((8, 16), False), ((16, 8), False)]  # forward, grad input, grad weight
+
+
+def test_fast_accumulation_needs_an_fp8_recipe():
+    from tscale.errors import UserError
+
+    with pytest.raises(UserError, match="fp8_fast_accum"):
+        get_recipe("int8_rowwise", fp8_fast_accum=True)
+    with pytest.raises(UserError, match="fp8_fast_accum needs an fp8 recipe"):
+        load_config(None, ['precision.recipe="int8_rowwise"', "precision.fp8_fast_accum=true"])
+    assert load_config(None, ['precision.recipe="fp8_rowwise"', "precision.fp8_fast_accum=true"]).precision.fp8_fast_accum
 
 
 @pytest.mark.parametrize("name", list(TOLERANCE))

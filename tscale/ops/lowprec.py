@@ -8,7 +8,9 @@ quantize(x (M, K) float, dtype, axis=None, transpose=False)
     -> (q (M, K) dtype, scale float32), plus q_t (K, M) = q.t() contiguous when transpose is set.
     x ~= q * scale (broadcast), scale = max(amax, AMAX_FLOOR) / QMAX[dtype], q = cast(x * (QMAX / amax)):
     fp8 saturates to +-QMAX and rounds to nearest even; int8 rounds to nearest even and clamps to +-127.
-fp8_mm(a (M, K) fp8, b (K, N) fp8, scale_a () | (M, 1), scale_b () | (1, N), out_dtype) -> (M, N)
+fp8_mm(a (M, K) fp8, b (K, N) fp8, scale_a () | (M, 1), scale_b () | (1, N), out_dtype, fast_accum=False) -> (M, N)
+    fast_accum: the hardware's fp8 fast accumulation (fewer promotions of partial sums to fp32) where
+    the path has it (ours, torch._scaled_mm); the reference is exact either way.
 int8_mm(a (M, K) int8, b (K, N) int8, scale_a, scale_b, out_dtype) -> (M, N)
     out = (a @ b) * scale_a * scale_b: the scales are applied to the exact (int32 / fp32) sums.
     b is typically the transpose of a row-major (N, K) weight (column-major), as cuBLAS wants it.
@@ -254,8 +256,8 @@ def _lt_operands(a, b, scale_a, scale_b):
     return a, b, scale_a.float().contiguous(), scale_b.float().contiguous()
 
 
-def _fp8_cublaslt(a, b, scale_a, scale_b, out_dtype):
-    return torch.ops.tscale.fp8_gemm(*_lt_operands(a, b, scale_a, scale_b), out_dtype)
+def _fp8_cublaslt(a, b, scale_a, scale_b, out_dtype, fast_accum=False):
+    return torch.ops.tscale.fp8_gemm(*_lt_operands(a, b, scale_a, scale_b), out_dtype, True, fast_accum)
 
 
 def _int8_cublaslt(a, b, scale_a, scale_b, out_dtype):
@@ -270,12 +272,13 @@ def _int8_cutlass(a, b, scale_a, scale_b, out_dtype):
     return _cutlass_op(a.device.index)(a, b, sa, sb)
 
 
-def _fp8_torch(a, b, scale_a, scale_b, out_dtype):
+def _fp8_torch(a, b, scale_a, scale_b, out_dtype, fast_accum=False):
     tensorwise = scale_a.numel() == 1 and scale_b.numel() == 1
     sa = scale_a.float().reshape(()) if tensorwise else scale_a.float().contiguous()
     sb = scale_b.float().reshape(()) if tensorwise else scale_b.float().contiguous()
     b_cm = b if b.t().is_contiguous() else b.t().contiguous().t()  # (K, N), column-major
-    return torch._scaled_mm(a.contiguous(), b_cm, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    return torch._scaled_mm(a.contiguous(), b_cm, scale_a=sa, scale_b=sb, out_dtype=out_dtype,
+                            use_fast_accum=fast_accum)
 
 
 def _int8_torch(a, b, scale_a, scale_b, out_dtype):
@@ -293,14 +296,15 @@ def _say(kind: str, path: str, device_type: str) -> None:
         log.info("ops: %s products via %s (first on %s)", kind, path, device_type)
 
 
-def _product(kind: str, a, b, scale_a, scale_b, out_dtype) -> torch.Tensor:
+def _product(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> torch.Tensor:
     """The first path of product_paths that runs; the reference (always last) cannot fail."""
     problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
     for path in product_paths(kind, a, b, scale_a, scale_b, out_dtype):
         if path == "reference":
             break
         try:
-            out = _PATHS[kind][path](a, b, scale_a, scale_b, out_dtype)
+            extra = {"fast_accum": True} if fast_accum and kind == "fp8" else {}
+            out = _PATHS[kind][path](a, b, scale_a, scale_b, out_dtype, **extra)
         except RuntimeError as e:
             _failed.add((path, problem))
             _fallback(f"{path} {kind} product {a.dtype} x {b.dtype} -> {out_dtype} at M={a.shape[0]} "
@@ -313,9 +317,9 @@ def _product(kind: str, a, b, scale_a, scale_b, out_dtype) -> torch.Tensor:
 
 
 def fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-           out_dtype: torch.dtype) -> torch.Tensor:
+           out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
     _check_mm_args("fp8_mm", a, b, scale_a, scale_b, FP8_DTYPES)
-    return _product("fp8", a, b, scale_a, scale_b, out_dtype)
+    return _product("fp8", a, b, scale_a, scale_b, out_dtype, fast_accum)
 
 
 def int8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -325,10 +329,11 @@ def int8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: to
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-              out_dtype: torch.dtype) -> torch.Tensor:
-    """fp8_mm or int8_mm, by the operands' dtype."""
-    mm = int8_mm if a.dtype == torch.int8 else fp8_mm
-    return mm(a, b, scale_a, scale_b, out_dtype)
+              out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+    """fp8_mm or int8_mm, by the operands' dtype (fast_accum: fp8 only)."""
+    if a.dtype == torch.int8:
+        return int8_mm(a, b, scale_a, scale_b, out_dtype)
+    return fp8_mm(a, b, scale_a, scale_b, out_dtype, fast_accum)
 
 
 def _op_defined(name: str) -> bool:

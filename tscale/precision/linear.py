@@ -51,7 +51,7 @@ def _keeps_quantised(lowp_backward: bool, rowwise: bool) -> bool:
 
 @torch.library.custom_op("tscale::lowprec_matmul", mutates_args=())
 def _matmul_op(x: torch.Tensor, weight: torch.Tensor, fwd_dtype: torch.dtype, grad_dtype: torch.dtype,
-               lowp_backward: bool, rowwise: bool, out_dtype: torch.dtype
+               lowp_backward: bool, rowwise: bool, out_dtype: torch.dtype, fast_accum: bool
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y (M, N) = x (M, K) @ weight (N, K)^T, plus what the backward keeps: xq_t (K, M), sx, wq_t (K, N), sw
     when _keeps_quantised, else four empty tensors. One opaque op, so torch.compile neither breaks its
@@ -60,16 +60,16 @@ def _matmul_op(x: torch.Tensor, weight: torch.Tensor, fwd_dtype: torch.dtype, gr
         if _keeps_quantised(lowp_backward, rowwise):  # the backward products want x^T and W^T: the same casts
             xq, sx, xq_t = quantize(x, fwd_dtype, None, transpose=True)  # (M, K), (), (K, M)
             wq, sw, wq_t = quantize(weight, fwd_dtype, None, transpose=True)  # (N, K), (), (K, N)
-            return scaled_mm(xq, wq.t(), sx, sw, out_dtype), xq_t, sx, wq_t, sw  # y (M, N)
+            return scaled_mm(xq, wq.t(), sx, sw, out_dtype, fast_accum), xq_t, sx, wq_t, sw  # y (M, N)
         axis = -1 if rowwise else None
         xq, sx = quantize(x, fwd_dtype, axis)  # (M, K), () | (M, 1)
         wq, sw = quantize(weight, fwd_dtype, axis)  # (N, K), () | (N, 1)
-        y = scaled_mm(xq, wq.t(), sx, _t(sw), out_dtype)  # (M, N)
+        y = scaled_mm(xq, wq.t(), sx, _t(sw), out_dtype, fast_accum)  # (M, N)
         return (y, *(x.new_empty(_NO_TENSOR) for _ in range(4)))
 
 
 @_matmul_op.register_fake
-def _(x, weight, fwd_dtype, grad_dtype, lowp_backward, rowwise, out_dtype):
+def _(x, weight, fwd_dtype, grad_dtype, lowp_backward, rowwise, out_dtype, fast_accum):
     (M, K), N = x.shape, weight.shape[0]
     y = x.new_empty((M, N), dtype=out_dtype)
     if _keeps_quantised(lowp_backward, rowwise):
@@ -124,7 +124,7 @@ def _(dy, x, weight, xq_t, sx, wq_t, sw, fwd_dtype, grad_dtype, lowp_backward, r
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weight, fwd_dtype, grad_dtype, lowp_backward, rowwise, out_dtype = inputs
+    x, weight, fwd_dtype, grad_dtype, lowp_backward, rowwise, out_dtype, _fast_accum = inputs
     ctx.args = (fwd_dtype, grad_dtype, lowp_backward, rowwise, out_dtype, x.dtype, weight.dtype)
     ctx.keeps_quantised = _keeps_quantised(lowp_backward, rowwise)
     ctx.mark_non_differentiable(*output[1:])
@@ -137,7 +137,7 @@ def _backward(ctx, dy, *_saved_grads):
     x, weight, xq_t, sx, wq_t, sw = (none, none, *saved) if ctx.keeps_quantised else (*saved, none, none, none, none)
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     dx, dw = _matmul_backward_op(dy, x, weight, xq_t, sx, wq_t, sw, *ctx.args, need_x, need_w)
-    return (dx if need_x else None, dw if need_w else None, None, None, None, None, None)
+    return (dx if need_x else None, dw if need_w else None, None, None, None, None, None, None)
 
 
 _matmul_op.register_autograd(_backward, setup_context=_setup_context)
@@ -147,7 +147,8 @@ def lowprec_matmul(x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, out_dt
     """y (M, N) = x (M, K) @ weight (N, K)^T with the recipe's low-precision products, forward and backward."""
     lowp_backward = recipe.grad_dtype is not None
     grad_dtype = recipe.grad_dtype if lowp_backward else recipe.fwd_dtype  # unused without a low-precision backward
-    return _matmul_op(x, weight, recipe.fwd_dtype, grad_dtype, lowp_backward, recipe.rowwise, out_dtype)[0]
+    return _matmul_op(x, weight, recipe.fwd_dtype, grad_dtype, lowp_backward, recipe.rowwise, out_dtype,
+                      recipe.fast_accum)[0]
 
 
 class LowPrecLinear(nn.Linear):
@@ -200,13 +201,13 @@ def replace_linears(model: nn.Module, make, include=None, exclude=()) -> list[st
 
 
 def convert_linears(model: nn.Module, recipe: str | Recipe, include=None, exclude=("embedding", "head"),
-                    int8_backward: bool = False) -> list[str]:
+                    int8_backward: bool = False, fp8_fast_accum: bool = False) -> list[str]:
     """Swap the chosen nn.Linear modules of `model` for LowPrecLinear in place; the names converted.
 
     recipe: "bf16" (nothing converted), "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", or a Recipe.
     include / exclude: module names (a plain word matches any part of a name, a glob the whole).
     """
-    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward)
+    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward, fp8_fast_accum)
     if r is None:
         return []
     return replace_linears(model, lambda linear: LowPrecLinear(linear, r), include, exclude)

@@ -21,6 +21,7 @@ class Recipe:
     fwd_dtype: torch.dtype
     grad_dtype: torch.dtype | None
     rowwise: bool
+    fast_accum: bool = False  # fp8 fast accumulation in the forward product (the backward's stay exact)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -31,8 +32,10 @@ RECIPES: dict[str, Recipe] = {
 TRAIN_RECIPES = ("bf16", *RECIPES)
 
 
-def get_recipe(name: str, int8_backward: bool = False) -> Recipe | None:
+def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = False) -> Recipe | None:
     """The recipe called `name`; None for "bf16" (plain nn.Linear under the configured autocast)."""
+    if fp8_fast_accum and not name.startswith("fp8"):
+        raise UserError(f'precision.fp8_fast_accum needs an fp8 recipe (got "{name}")')
     if name == "bf16":
         if int8_backward:
             raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
@@ -44,4 +47,6 @@ def get_recipe(name: str, int8_backward: bool = False) -> Recipe | None:
         if name != "int8_rowwise":
             raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
         return Recipe("int8_rowwise+int8_backward", torch.int8, torch.int8, rowwise=True)
+    if fp8_fast_accum:
+        return Recipe(f"{name}+fast_accum", recipe.fwd_dtype, recipe.grad_dtype, recipe.rowwise, fast_accum=True)
     return recipe
