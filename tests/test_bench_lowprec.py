@@ -41,6 +41,13 @@ def test_merge_keeps_other_metrics_and_replaces_its_own_paragraph(tmp_path):
     assert paragraphs[1].startswith("speed (x): (") and paragraphs[1].endswith("second")
 
 
+def test_merge_drops_the_prefixes_it_is_told_to(tmp_path):
+    common.write_record("ix", {"build": 6.4, "quality_a": 1.0, "ppl_reduction_raw": 0.1}, "build part: speed", tmp_path)
+    common.merge_metrics("ix", {"ppl_reduction_raw": 0.3}, "quality (q): run", tmp_path,
+                         drop_prefixes=("quality_", "ppl_reduction_"))
+    assert json.loads((tmp_path / "ix.json").read_text())["metrics"] == {"build": 6.4, "ppl_reduction_raw": 0.3}
+
+
 PROFILE = """
 1p5b_qkv M=16384 K=1600 N=4800 bf16: 1.000 ms of kernels per step
      0.600 ms    1x  nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT

@@ -69,8 +69,11 @@ def time_per_call(fn, device: torch.device, repeats: int, warmup: int = 3) -> fl
     return (time.perf_counter() - t0) / repeats
 
 
-def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path) -> Path:
+def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_prefixes: tuple[str, ...] = ()) -> Path:
     """Add one part's metrics to docs/bench/NAME.json, keeping the others; a new record if there is none.
+
+    drop_prefixes: the record's metrics whose names start with one of these go first (a part
+    whose set of keys changes from run to run, so an earlier run's leave no stale values).
 
     The record's date, commit, gpu and torch stay those of its first part; this part's own go
     into its paragraph of the notes, which replaces the paragraph of an earlier run of the same
@@ -85,7 +88,8 @@ def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path) -> Pa
     kept = [p for p in record.get("notes", "").split("\n\n") if p and not p.startswith(head + ":")]
     body = part_note.split(":", 1)[1].strip() if ":" in part_note else part_note
     record["notes"] = "\n\n".join([*kept, f"{head}: ({stamp}) {body}"])
-    record["metrics"] = {**record.get("metrics", {}), **metrics}
+    kept_metrics = {k: v for k, v in record.get("metrics", {}).items() if not (drop_prefixes and k.startswith(drop_prefixes))}
+    record["metrics"] = {**kept_metrics, **metrics}
     command = " ".join(["python", *sys.argv])
     record["command"] = "; ".join([c for c in record.get("command", "").split("; ") if c and c != command] + [command])
     tmp = path.with_suffix(".json.tmp")

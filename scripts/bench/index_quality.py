@@ -42,12 +42,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, git_commit, gpu_name  # noqa: E402
-
-import torch  # noqa: E402
+from common import REPO, merge_metrics  # noqa: E402
 
 from tscale.data.shards import TokenFolder  # noqa: E402
-from tscale.fileio import write_json_atomic  # noqa: E402
 from tscale.index.mixing import bucket_labels  # noqa: E402
 from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
 
@@ -143,29 +140,6 @@ def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
             if bb["tokens"]:
                 m[f"quality_ppl_reduction_{bk}_{name}"] = round(1 - ib["perplexity"] / bb["perplexity"], 4)
     return m
-
-
-def merge_record(path: Path, metrics: dict, notes: str) -> dict:
-    """Update docs/bench/index.json's metrics with these, keeping the speed metrics and notes (an earlier run's quality metrics go)."""
-    command = " ".join(["python", *sys.argv])
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    kept_notes = old.get("notes", "").split("\n\nQuality (scripts/bench/index_quality.py")[0]
-    commands = [c for c in old.get("command", "").split("; ") if c and "index_quality.py" not in c]
-    record = {
-        "benchmark": "index",
-        "date": old.get("date") or time.strftime("%Y-%m-%d"),
-        "commit": old.get("commit") or git_commit(),
-        "gpu": old.get("gpu") or gpu_name(),
-        "torch": old.get("torch") or torch.__version__,
-        "command": "; ".join([*commands, command]),
-        "metrics": {**{k: v for k, v in old.get("metrics", {}).items() if not k.startswith(QUALITY_KEYS)}, **metrics},
-        "notes": (kept_notes + "\n\n" if kept_notes else "") + (
-            f"Quality (scripts/bench/index_quality.py, {time.strftime('%Y-%m-%d')}, {gpu_name()}, torch "
-            f"{torch.__version__}, commit {git_commit()}"
-            f"{'; date, commit, gpu and torch above belong to the other metrics' if old else ''}): {notes}"),
-    }
-    write_json_atomic(path, record)
-    return record
 
 
 def main() -> None:
@@ -264,9 +238,9 @@ def main() -> None:
              f"quality_share_*: those tokens' share. Why N = 32 first: see the script's docstring.")
     if args.tiny:
         notes = "TINY CPU RUN (a smoke test, not a measurement). " + notes
-    record = merge_record(Path(out) / "index.json", metrics, notes)
-    print(json.dumps({k: v for k, v in record["metrics"].items() if k.startswith("ppl_reduction")}, indent=1))
-    print(f"-> {Path(out) / 'index.json'}")
+    path = merge_metrics("index", metrics, f"quality (index_quality.py): {notes}", Path(out), drop_prefixes=QUALITY_KEYS)
+    print(json.dumps({k: v for k, v in metrics.items() if k.startswith("ppl_reduction")}, indent=1))
+    print(f"-> {path}")
 
 
 if __name__ == "__main__":
