@@ -70,7 +70,7 @@ def _cutlass_extension():
         sorted(glob.glob(f"{CUTLASS_SOURCES}/*.cpp") + glob.glob(f"{CUTLASS_SOURCES}/*.cu")),
         include_dirs=include,
         extra_compile_args={"cxx": ["-O3"],
-                            "nvcc": ["-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr", *gencode]},
+                            "nvcc": ["-O3", "-DNDEBUG", "--expt-relaxed-constexpr", *gencode]},
     )
 
 
