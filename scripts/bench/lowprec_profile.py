@@ -2,7 +2,8 @@
 
     python scripts/bench/lowprec_profile.py [--shape 1p5b_qkv] [--tokens 16384] [--steps 5]
 
-For bf16 (nn.Linear under autocast) and each training recipe (LowPrecLinear), at one of the
+For bf16 (nn.Linear under autocast) and each training recipe (LowPrecLinear; also fp8_tensorwise
+with fast accumulation and int8_rowwise with int8 backward products), at one of the
 layer shapes of scripts/bench/lowprec_gemm.py, torch.profiler records `--steps` steps after a
 warm-up and prints the kernels by total CUDA time, per step, so quantize, products and copies
 can be told apart. Prints only; the findings go into docs/lowprec.md by hand.
@@ -15,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
-from tscale.precision import RECIPES, LowPrecLinear
+from tscale.precision import RECIPES, LowPrecLinear, get_recipe
 
 SHAPES = {"1p5b_qkv": (1600, 4800), "1p5b_attn_out": (1600, 1600), "1p5b_mlp_up": (1600, 6400),
           "1p5b_mlp_down": (6400, 1600), "124m_qkv": (768, 2304), "124m_mlp_down": (3072, 768)}
@@ -42,7 +43,9 @@ def main() -> None:
     x = torch.randn(args.tokens, K, device="cuda", requires_grad=True)  # (M, K) fp32, as the residual stream
     dy = torch.randn(args.tokens, N, device="cuda", dtype=torch.bfloat16)  # (M, N)
     base = nn.Linear(K, N, bias=False, device="cuda")
-    layers = {"bf16": base, **{name: LowPrecLinear(base, recipe) for name, recipe in RECIPES.items()}}
+    recipes = {**RECIPES, "fp8_tensorwise+fast_accum": get_recipe("fp8_tensorwise", fp8_fast_accum=True),
+               "int8_rowwise+int8_backward": get_recipe("int8_rowwise", int8_backward=True)}
+    layers = {"bf16": base, **{name: LowPrecLinear(base, recipe) for name, recipe in recipes.items()}}
     for name, layer in layers.items():
         step = layer_step(layer, x, dy)
         for _ in range(3):
