@@ -136,37 +136,67 @@ __global__ void rowwise_kernel(const in_t* __restrict__ x, uint8_t* __restrict__
   }
 }
 
-template <typename in_t>
+template <int kWidth>
+__device__ __forceinline__ float abs_max(const float (&v)[kWidth], float m) {
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) m = fmaxf(m, fabsf(v[k]));
+  return m;
+}
+
+// The amax of the whole tensor, kWidth values per thread and access; any tail past a multiple of
+// kWidth is read one value at a time.
+template <typename in_t, int kWidth>
 __global__ void amax_tensor_kernel(const in_t* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
+  const int64_t groups = n / kWidth, stride = static_cast<int64_t>(gridDim.x) * kThreads;
   float m = 0.f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+#pragma unroll 4
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; g < groups; g += stride) {
+    float v[kWidth];
+    load_values<kWidth>(x + g * kWidth, v);
+    m = abs_max(v, m);
+  }
+  for (int64_t i = groups * kWidth + blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n; i += stride) {
     m = fmaxf(m, fabsf(static_cast<float>(x[i])));
   }
   m = block_max(m);
   if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
 }
 
-template <typename in_t>
+// One block per row, kWidth values per thread and access (K % kWidth == 0).
+template <typename in_t, int kWidth>
 __global__ void amax_rows_kernel(const in_t* __restrict__ x, int64_t K, unsigned int* __restrict__ amax) {
   const int64_t r = blockIdx.x;
+  const in_t* xr = x + r * K;
   float m = 0.f;
-  for (int64_t c = threadIdx.x; c < K; c += kThreads) m = fmaxf(m, fabsf(static_cast<float>(x[r * K + c])));
+  for (int64_t c = threadIdx.x * static_cast<int64_t>(kWidth); c < K; c += kThreads * kWidth) {
+    float v[kWidth];
+    load_values<kWidth>(xr + c, v);
+    m = abs_max(v, m);
+  }
   m = block_max(m);
   if (threadIdx.x == 0) amax[r] = __float_as_uint(m);
 }
 
-// grid (ceil(K / kThreads), row chunks): thread = one column over one chunk of rows; reads coalesced along rows.
-template <typename in_t>
+// grid (ceil(K / (kWidth kThreads)), row chunks): thread = kWidth adjacent columns over one chunk of
+// rows; reads coalesced along rows (K % kWidth == 0).
+template <typename in_t, int kWidth>
 __global__ void amax_cols_kernel(const in_t* __restrict__ x, int64_t M, int64_t K, int64_t rows_per_chunk,
                                  unsigned int* __restrict__ amax) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  const int64_t c = (blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x) * kWidth;
   if (c >= K) return;
   const int64_t r0 = blockIdx.y * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
-  float m = 0.f;
-  for (int64_t r = r0; r < r1; ++r) m = fmaxf(m, fabsf(static_cast<float>(x[r * K + c])));
-  atomicMax(amax + c, __float_as_uint(m));
+  float m[kWidth];
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) m[k] = 0.f;
+  for (int64_t r = r0; r < r1; ++r) {
+    float v[kWidth];
+    load_values<kWidth>(x + r * K + c, v);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) m[k] = fmaxf(m[k], fabsf(v[k]));
+  }
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) atomicMax(amax + c + k, __float_as_uint(m[k]));
 }
 
 __global__ void scales_kernel(const unsigned int* __restrict__ amax_bits, int64_t n, float qmax,
@@ -201,63 +231,7 @@ __global__ void cast_tiles_kernel(const in_t* __restrict__ x, const float* __res
   }
 }
 
-// ---- the vectorised forms of the scalar kernels above: 8 values per thread and access ----
-
-__device__ __forceinline__ float abs_max8(const float (&v)[kVec], float m) {
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) m = fmaxf(m, fabsf(v[k]));
-  return m;
-}
-
-template <typename in_t>
-__global__ void amax_tensor_vec_kernel(const in_t* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
-  const int64_t groups = n / kVec, stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  float m = 0.f;
-#pragma unroll 4
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; g < groups; g += stride) {
-    float v[kVec];
-    load_values<kVec>(x + g * kVec, v);
-    m = abs_max8(v, m);
-  }
-  for (int64_t i = groups * kVec + blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n; i += stride) {
-    m = fmaxf(m, fabsf(static_cast<float>(x[i])));
-  }
-  m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
-}
-
-// One block per row, K % 8 == 0.
-template <typename in_t>
-__global__ void amax_rows_vec_kernel(const in_t* __restrict__ x, int64_t K, unsigned int* __restrict__ amax) {
-  const in_t* xr = x + blockIdx.x * K;
-  float m = 0.f;
-  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < K; c += kThreads * kVec) {
-    float v[kVec];
-    load_values<kVec>(xr + c, v);
-    m = abs_max8(v, m);
-  }
-  m = block_max(m);
-  if (threadIdx.x == 0) amax[blockIdx.x] = __float_as_uint(m);
-}
-
-// grid (ceil(K / (8 kThreads)), row chunks): thread = 8 adjacent columns over one chunk of rows.
-template <typename in_t>
-__global__ void amax_cols_vec_kernel(const in_t* __restrict__ x, int64_t M, int64_t K, int64_t rows_per_chunk,
-                                     unsigned int* __restrict__ amax) {
-  const int64_t c = (blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x) * kVec;
-  if (c >= K) return;
-  const int64_t r0 = blockIdx.y * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
-  float m[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int64_t r = r0; r < r1; ++r) {
-    float v[kVec];
-    load_values<kVec>(x + r * K + c, v);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) m[k] = fmaxf(m[k], fabsf(v[k]));
-  }
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) atomicMax(amax + c + k, __float_as_uint(m[k]));
-}
+// ---- the vectorised cast: 8 values per thread and access ----
 
 // grid (ceil(M / 64), ceil(K / 64)), 256 threads; K % 8 == 0, and M % 4 == 0 when q_t is given.
 // Load: 8 threads per tile row, 8 values each, 32 rows per pass. Transposed store: 16 threads per
@@ -340,19 +314,19 @@ void launch(const at::Tensor& x, int mode, float qmax, at::Tensor& q, at::Tensor
   if (mode == kTensor) {
     const int64_t per_thread = vec ? kVec : 1;
     const int64_t blocks = std::min<int64_t>((M * K / per_thread + kThreads - 1) / kThreads, vec ? 4096 : 1024);
-    if (vec) amax_tensor_vec_kernel<in_t><<<std::max<int64_t>(blocks, 1), kThreads, 0, stream>>>(xp, M * K, ap);
-    else amax_tensor_kernel<in_t><<<blocks, kThreads, 0, stream>>>(xp, M * K, ap);
+    if (vec) amax_tensor_kernel<in_t, kVec><<<std::max<int64_t>(blocks, 1), kThreads, 0, stream>>>(xp, M * K, ap);
+    else amax_tensor_kernel<in_t, 1><<<blocks, kThreads, 0, stream>>>(xp, M * K, ap);
   } else if (mode == kRows) {
-    if (vec) amax_rows_vec_kernel<in_t><<<M, kThreads, 0, stream>>>(xp, K, ap);
-    else amax_rows_kernel<in_t><<<M, kThreads, 0, stream>>>(xp, K, ap);
+    if (vec) amax_rows_kernel<in_t, kVec><<<M, kThreads, 0, stream>>>(xp, K, ap);
+    else amax_rows_kernel<in_t, 1><<<M, kThreads, 0, stream>>>(xp, K, ap);
   } else {
     const int64_t cols_per_block = kThreads * (vec ? kVec : 1);
     const int64_t col_blocks = (K + cols_per_block - 1) / cols_per_block;
     const int64_t chunks = std::min<int64_t>(std::max<int64_t>(1024 / col_blocks, 1), std::min<int64_t>(M, 65535));
     const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
     const dim3 grid(col_blocks, (M + rows_per_chunk - 1) / rows_per_chunk);
-    if (vec) amax_cols_vec_kernel<in_t><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
-    else amax_cols_kernel<in_t><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
+    if (vec) amax_cols_kernel<in_t, kVec><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
+    else amax_cols_kernel<in_t, 1><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor inv = at::empty({n_scales}, x.options().dtype(at::kFloat));
