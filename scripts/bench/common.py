@@ -88,7 +88,7 @@ def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_
     kept = [p for p in record.get("notes", "").split("\n\n") if p and not p.startswith(head + ":")]
     body = part_note.split(":", 1)[1].strip() if ":" in part_note else part_note
     record["notes"] = "\n\n".join([*kept, f"{head}: ({stamp}) {body}"])
-    kept_metrics = {k: v for k, v in record.get("metrics", {}).items() if not (drop_prefixes and k.startswith(drop_prefixes))}
+    kept_metrics = {k: v for k, v in record.get("metrics", {}).items() if not k.startswith(drop_prefixes)}
     record["metrics"] = {**kept_metrics, **metrics}
     command = " ".join(["python", *sys.argv])
     record["command"] = "; ".join([c for c in record.get("command", "").split("; ") if c and c != command] + [command])

@@ -24,10 +24,11 @@ left out and named in the notes). TFLOP/s counts 2 M N K per product (6 M N K pe
 Times come from CUDA events after warm-up (wall time on the CPU, for a smoke run with small --tokens).
 
 Run: python scripts/bench/lowprec_gemm.py [--tokens 16384] [--repeats 20] [--no-write]
-Merges into docs/bench/lowprec.json (its other parts stay): int8_vs_bf16_gemm_rate_1p5b and fp8_vs_bf16_gemm_rate_1p5b (bf16 time over
-the time of OUR raw product on pre-quantised operands, the faster of int8_cutlass and int8_lt for int8 and
-fp8_lt for fp8, summed over the four products of a 1.5B block), the same for 124M, every column's *_vs_bf16_rate_*, layer fwd+bwd ratios, and every per-shape
-TFLOP/s.
+Merges into docs/bench/lowprec.json (its other parts stay): int8_vs_bf16_gemm_rate_1p5b and
+fp8_vs_bf16_gemm_rate_1p5b (bf16 time over the time of OUR raw product on pre-quantised operands,
+the faster of int8_cutlass and int8_lt for int8 and fp8_lt for fp8, summed over the four products
+of a 1.5B block), the same for 124M, every column's *_vs_bf16_rate_*, layer fwd+bwd ratios, and
+every per-shape TFLOP/s.
 """
 
 import argparse
@@ -100,7 +101,7 @@ def product_fns(M: int, K: int, N: int, device: torch.device) -> tuple[dict, dic
         refs["int8_lt"] = lambda: exact(xi8, wi8, sxi, swi_t)
     if device.type == "cuda" and lowprec._cutlass_ok("int8", xi8, wi8.t(), torch.bfloat16):
         sxi_v, swi_v = sxi.reshape(-1).contiguous(), swi.reshape(-1).contiguous()  # (M,), (N,)
-        cutlass_mm = lowprec._cutlass_op(device.index if device.index is not None else torch.cuda.current_device())
+        cutlass_mm = lowprec._cutlass_op(xi8.device.index)
         fns["int8_cutlass"] = lambda: cutlass_mm(xi8, wi8.t(), sxi_v, swi_v)
         refs["int8_cutlass"] = lambda: exact(xi8, wi8, sxi, swi_t)
     return fns, refs

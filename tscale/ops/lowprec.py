@@ -28,8 +28,9 @@ References are plain torch (dequantise-and-matmul in fp32). quantize runs the ts
   reference  the fp32 product of the quantised values, then the scales (the CPU's fp8)
 The environment variable TSCALE_LOWPREC_GEMM picks the paths (for benchmarks and debugging):
   auto (default): cutlass, cublaslt, then torch, then the reference; cutlass / cublaslt / torch: only
-  that one, then the reference; reference: always the reference. It is read at every call. A path that raises for a
-  problem (shapes and dtypes) is logged once and skipped for that problem from then on.
+  that one, then the reference; reference: always the reference. It is read at every call. A path
+  that raises for a problem (shapes and dtypes) is logged once and skipped for that problem from
+  then on.
 """
 
 import functools
