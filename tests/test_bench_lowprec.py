@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"
 import common  # noqa: E402
 import lowprec_project  # noqa: E402
 import lowprec_train  # noqa: E402
+import merge_record  # noqa: E402
 
 
 def test_rate_is_total_tokens_over_total_time_after_the_warmup():
@@ -47,6 +48,26 @@ def test_merge_drops_the_prefixes_it_is_told_to(tmp_path):
                          drop_prefixes=("quality_", "ppl_reduction_"))
     assert json.loads((tmp_path / "ix.json").read_text())["metrics"] == {"build": 6.4, "ppl_reduction_raw": 0.3}
 
+
+
+def test_merge_record_keeps_the_source_machine_and_commit(tmp_path):
+    common.write_record("lp", {"gemm": 1.0, "speed": 0.5}, "gemm part: old products", tmp_path)
+    src = tmp_path / "device" / "lp.json"
+    src.parent.mkdir()
+    src.write_text(json.dumps({"benchmark": "lp", "date": "2026-01-02", "commit": "abc1234", "gpu": "GPU X",
+                               "torch": "9.9", "command": "python bench.py --out-dir /out", "notes": "gemm part: new",
+                               "metrics": {"gemm": 2.0, "extra": 3.0}}))
+    merge_record.merge_record(src, tmp_path, only=("gemm",), note="Beside another job.")
+    record = json.loads((tmp_path / "lp.json").read_text())
+    assert record["metrics"] == {"gemm": 2.0, "speed": 0.5}  # --only left "extra" out; "speed" kept
+    assert record["notes"] == "gemm part: (2026-01-02, GPU X, torch 9.9, commit abc1234) new Beside another job."
+    assert record["command"].endswith("; python bench.py --out-dir /out")
+    fresh = tmp_path / "fresh"
+    merge_record.merge_record(src, fresh)
+    assert json.loads((fresh / "lp.json").read_text())["commit"] == "abc1234"
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a benchmark record"):
+        merge_record.merge_record(tmp_path / "bad.json", tmp_path)
 
 PROFILE = """
 1p5b_qkv M=16384 K=1600 N=4800 bf16: 1.000 ms of kernels per step

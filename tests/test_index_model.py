@@ -344,7 +344,7 @@ def test_eval_index_breaks_loss_down_by_match_length(world, runs, tmp_path):
     run_index, run_base = runs
     out = tmp_path / "eval.json"
     result = CliRunner().invoke(main, ["eval", str(run_index), "--tokens", str(tokens), "--index", str(raw),
-                                       "--index", str(dec), "--out", str(out)])
+                                       "--index", str(dec), "--out", str(out), "--device", "cpu"])  # as `fresh` below
     assert result.exit_code == 0, result.output
     r = json.loads(out.read_text())
     assert r["model_uses_index"] and [e["index"] for e in r["indexes"]] == [str(raw), str(dec)]

@@ -320,13 +320,14 @@ void launch(const at::Tensor& x, int mode, float qmax, at::Tensor& q, at::Tensor
     if (vec) amax_rows_kernel<in_t, kVec><<<M, kThreads, 0, stream>>>(xp, K, ap);
     else amax_rows_kernel<in_t, 1><<<M, kThreads, 0, stream>>>(xp, K, ap);
   } else {
-    const int64_t cols_per_block = kThreads * (vec ? kVec : 1);
-    const int64_t col_blocks = (K + cols_per_block - 1) / cols_per_block;
+    // One value per thread even when `vec`: with 8 per thread a narrow K (1600) fills one column block,
+    // so the 1024 row chunks all land on the same 1600 amax words: on the H200 the 8-wide kernel took
+    // 0.111 ms against 0.039 ms for (16384, 1600) bf16 (docs/bench/lowprec_profile_1p5b_qkv*.txt).
+    const int64_t col_blocks = (K + kThreads - 1) / kThreads;
     const int64_t chunks = std::min<int64_t>(std::max<int64_t>(1024 / col_blocks, 1), std::min<int64_t>(M, 65535));
     const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
     const dim3 grid(col_blocks, (M + rows_per_chunk - 1) / rows_per_chunk);
-    if (vec) amax_cols_kernel<in_t, kVec><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
-    else amax_cols_kernel<in_t, 1><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
+    amax_cols_kernel<in_t, 1><<<grid, kThreads, 0, stream>>>(xp, M, K, rows_per_chunk, ap);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor inv = at::empty({n_scales}, x.options().dtype(at::kFloat));

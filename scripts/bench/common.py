@@ -69,7 +69,8 @@ def time_per_call(fn, device: torch.device, repeats: int, warmup: int = 3) -> fl
     return (time.perf_counter() - t0) / repeats
 
 
-def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_prefixes: tuple[str, ...] = ()) -> Path:
+def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_prefixes: tuple[str, ...] = (),
+                  stamp: str | None = None, command: str | None = None) -> Path:
     """Add one part's metrics to docs/bench/NAME.json, keeping the others; a new record if there is none.
 
     drop_prefixes: the record's metrics whose names start with one of these go first (a part
@@ -78,19 +79,23 @@ def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_
     The record's date, commit, gpu and torch stay those of its first part; this part's own go
     into its paragraph of the notes, which replaces the paragraph of an earlier run of the same
     part (the same words up to the first ":").
+
+    stamp / command: where the part was measured and how ("date, gpu, torch x, commit y" and its
+    command line), for a part measured elsewhere (scripts/bench/merge_record.py); by default this
+    machine and this process's.
     """
     path = out_dir / f"{name}.json"
     if not path.is_file():
         return write_record(name, metrics, part_note, out_dir)
     record = json.loads(path.read_text())
     head = part_note.split(":", 1)[0]
-    stamp = f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
+    stamp = stamp or f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
     kept = [p for p in record.get("notes", "").split("\n\n") if p and not p.startswith(head + ":")]
     body = part_note.split(":", 1)[1].strip() if ":" in part_note else part_note
     record["notes"] = "\n\n".join([*kept, f"{head}: ({stamp}) {body}"])
     kept_metrics = {k: v for k, v in record.get("metrics", {}).items() if not k.startswith(drop_prefixes)}
     record["metrics"] = {**kept_metrics, **metrics}
-    command = " ".join(["python", *sys.argv])
+    command = command or " ".join(["python", *sys.argv])
     record["command"] = "; ".join([c for c in record.get("command", "").split("; ") if c and c != command] + [command])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
