@@ -89,6 +89,23 @@ def test_time_limit_stops_with_checkpoint(tokens, tmp_path):
     assert checkpoint_dirs(tmp_path / "r")[-1][0] == result.step
 
 
+
+def test_compile_mode_reaches_torch_compile(tokens, tmp_path, monkeypatch):
+    modes = []
+
+    def fake_compile(fn, mode=None):
+        modes.append(mode)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)  # the loop's torch.compile: records the mode
+    result = train_run(tiny_cfg(tokens, "train.steps=2", "train.compile=true", 'train.compile_mode="reduce-overhead"'),
+                       tmp_path / "r", quiet=True)
+    assert result.step == 2 and modes == ["reduce-overhead"]
+    train_run(tiny_cfg(tokens, "train.steps=1", "train.compile=true"), tmp_path / "d", quiet=True)
+    assert modes == ["reduce-overhead", None]  # "default" leaves torch's own default
+    with pytest.raises(Exception, match="needs train.compile = true"):
+        tiny_cfg(tokens, 'train.compile_mode="reduce-overhead"')
+
 def _cli(run_cli, *args):
     code, out = run_cli("train", *args)
     return code, out.strip().splitlines()

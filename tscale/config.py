@@ -117,12 +117,21 @@ class TrainConfig(_Section):
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     compile: bool = False
+    # torch.compile's mode; "reduce-overhead" replays each step's kernels as CUDA graphs, so a step whose
+    # layers launch many small kernels from Python (the low-precision recipes) no longer waits on the CPU
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)
     ckpt_every: int = Field(500, ge=0)
     keep_last: int = Field(3, ge=1)
     log_every: int = Field(10, ge=1)
     time_limit_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_compile_mode(self) -> "TrainConfig":
+        if self.compile_mode != "default" and not self.compile:
+            raise ValueError(f'compile_mode "{self.compile_mode}" needs train.compile = true')
+        return self
 
 
 class DataConfig(_Section):

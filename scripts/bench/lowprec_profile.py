@@ -6,11 +6,15 @@ For bf16 (nn.Linear under autocast) and each training recipe (LowPrecLinear; als
 with fast accumulation and int8_rowwise with int8 backward products), at one of the
 layer shapes of scripts/bench/lowprec_gemm.py, torch.profiler records `--steps` steps after a
 warm-up and prints the kernels by total CUDA time, per step, so quantize, products and copies
-can be told apart. Prints only; the findings go into docs/lowprec.md by hand.
+can be told apart. Beside the kernel time it prints each step's wall time and the host's time to
+launch it (the Python and dispatch work): a wall time well above the kernel time with a launch
+time near the wall time means the layer waits on the CPU, not on its kernels. Prints only; the
+findings go into docs/lowprec.md by hand.
 """
 
 import argparse
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -28,6 +32,17 @@ def layer_step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
             y = layer(x)  # (M, N)
         y.backward(dy)
     return step
+
+
+def wall_and_launch(step, steps: int) -> tuple[float, float]:
+    """Seconds per step: wall (launch + run, synchronised) and the host's launch time alone."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps, (t1 - t0) / steps
 
 
 def main() -> None:
@@ -58,7 +73,9 @@ def main() -> None:
         events = [e for e in prof.key_averages() if e.device_time_total > 0]
         events.sort(key=lambda e: e.device_time_total, reverse=True)
         total = sum(e.device_time_total for e in events) / args.steps
-        print(f"\n{args.shape} M={args.tokens} K={K} N={N} {name}: {total / 1000:.3f} ms of kernels per step")
+        wall, launch = wall_and_launch(step, max(args.steps, 10))
+        print(f"\n{args.shape} M={args.tokens} K={K} N={N} {name}: {total / 1000:.3f} ms of kernels per step, "
+              f"wall {wall * 1e3:.3f} ms, launch {launch * 1e3:.3f} ms")
         for e in events[:args.rows]:
             print(f"  {e.device_time_total / args.steps / 1000:8.3f} ms  {e.count // args.steps:3d}x  {e.key[:90]}")
 

@@ -1,6 +1,7 @@
 """End-to-end training with the low-precision recipes against bf16: tokens/s at 124M and 1.5B, and quality.
 
     python scripts/bench/lowprec_train.py speed [--sizes 124m 1p5b] [--recipes ...] [--steps 30] [--warmup 10]
+        [--compile-mode reduce-overhead]
     python scripts/bench/lowprec_train.py quality TOKENS [--train-tokens 100000000] [--recipes ...]
     add --tiny to either: CPU, a 2-layer model, a few steps (a smoke test; records go to --out-dir)
 
@@ -8,7 +9,8 @@ speed: the real training loop (tscale.train.loop.train_run) on a token folder of
 gpt2 architecture at 124M (configs/gpt2-124m.toml) and 1.5B (48 x 1600, 25 heads, GPT-2 XL's
 shape), the same batch for every recipe, bf16 autocast and torch.compile; tokens/s is the
 harmonic mean of the rates logged after the warm-up steps (total tokens / total time). One
-process runs every recipe of a size, one after the other.
+process runs every recipe of a size, one after the other. --compile-mode sets train.compile_mode
+for every recipe (the metrics' size label gets the mode: `1p5b_reduce_overhead`).
 
 quality: configs/gpt2-124m.toml on TOKENS (the benchmark corpus of DESIGN.md) for
 --train-tokens tokens, one pass, the same seed and windows for every recipe, each as a
@@ -104,21 +106,23 @@ def speed(args) -> tuple[dict, str]:
             tokens = Path(tmp) / f"tokens-{size}"
             random_token_folder(tokens, (args.warmup + args.steps + 2) * shape.train.batch_size * (shape.model.seq_len + 1))
             rates = {}
+            label = size if args.compile_mode == "default" else f"{size}_{args.compile_mode.replace('-', '_')}"
+            mode = [] if args.tiny else [f'train.compile_mode="{args.compile_mode}"']
             for recipe in args.recipes:
-                cfg = load_config(config, [*spec["sets"], *recipe_sets(recipe), f"train.steps={args.warmup + args.steps}",
+                cfg = load_config(config, [*spec["sets"], *mode, *recipe_sets(recipe), f"train.steps={args.warmup + args.steps}",
                                            "train.eval_every=0", "train.ckpt_every=0", f"train.log_every={log_every}",
                                            f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
                 train_run(cfg, run, quiet=True)
                 records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
                 rates[recipe] = harmonic_rate(records, args.warmup)
-                print(f"{size} {recipe}: {rates[recipe]:,.0f} tokens/s", flush=True)
+                print(f"{label} {recipe}: {rates[recipe]:,.0f} tokens/s", flush=True)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-            metrics.update(speedups(rates, size))
+            metrics.update(speedups(rates, label))
     notes = (f"speed {'+'.join(sizes)} (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, "
              f"{args.steps} timed steps after {args.warmup}, "
-             f"{'CPU, no compile' if args.tiny else 'bf16 autocast + compile'}, recipes "
+             f"{'CPU, no compile' if args.tiny else f'bf16 autocast + compile ({args.compile_mode} mode)'}, recipes "
              f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, "
              f"int8 = {HEADLINE['int8']}")
     return metrics, notes
@@ -175,6 +179,8 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     ap.add_argument("--steps", type=int, default=30, help="speed: timed steps per run")
     ap.add_argument("--warmup", type=int, default=10, help="speed: steps before timing (compile included)")
+    ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                    help="speed: train.compile_mode of every run")
     ap.add_argument("--train-tokens", type=float, default=100e6, help="quality: tokens per run")
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "lowprec-quality", help="quality: run folders")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model")
