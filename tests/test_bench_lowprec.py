@@ -103,3 +103,5 @@ def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():
     assert lowprec_project.project(times["int8_rowwise"], "H200", "H200") == pytest.approx(0.9)
     assert lowprec_project.amdahl(2.0, 0.5) == pytest.approx(1 / 0.75)
     assert lowprec_project.kernel_class("nvjet_sm90_qqtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT") == "fp8"
+    assert lowprec_project.kernel_class("_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEE") == "int8"
+    assert lowprec_project.kernel_class("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x3_nn_align8") == "bf16"

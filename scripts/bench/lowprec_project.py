@@ -31,8 +31,8 @@ ROW = re.compile(r"^\s+([\d.]+) ms\s+\d+x\s+(.*)$")
 
 def kernel_class(name: str) -> str:
     """bf16 / fp8 / int8 product, or memory (everything else), from a CUDA kernel's name."""
-    if "i8i32" in name or "igemm" in name:
-        return "int8"
+    if "i8i32" in name or "igemm" in name or name.startswith("_ZN7cutlass"):
+        return "int8"  # a mangled CUTLASS name comes from tscale._C_cutlass, whose kernels are all int8 products
     if name.startswith("nvjet_sm90_q") or "e4m3" in name or "f8f8" in name:
         return "fp8"
     if name.startswith(("nvjet", "sm90_xmma_gemm", "ampere_", "sm80_xmma_gemm", "cutlass")):
