@@ -3,7 +3,7 @@
 import click
 from rich.console import Console
 
-from tscale.index.build import DEFAULT_MAX_MEMORY_GB, build_index as build
+from tscale.index.build import DEFAULT_FEATURES_SPAN, DEFAULT_MAX_MEMORY_GB, build_index as build
 from tscale.index.features import DEFAULT_TOPK
 
 
@@ -18,13 +18,21 @@ from tscale.index.features import DEFAULT_TOPK
 @click.option("--features", is_flag=True, help="Also write per-token lookups (features-{split}-NNNNN.bin) for the token folder.")
 @click.option("--features-topk", type=int, default=DEFAULT_TOPK, show_default=True,
               help="Next tokens (with their counts) stored per position in the features.")
+@click.option("--features-folds", type=int, metavar="K",
+              help="Look up the training features in K fold indexes, each of the other folds minus the documents "
+              "sharing a --features-span span with the fold (as the decontaminated evaluation index); "
+              "default: leave-one-out in this index.")
+@click.option("--features-span", type=int, default=DEFAULT_FEATURES_SPAN, show_default=True, metavar="N",
+              help="With --features-folds: the span length that decontaminates each fold's index.")
 @click.option("--workers", type=int, help="Shards sorted at once, one thread each, within --max-memory-gb together "
               "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
-def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, features_topk, workers, quiet) -> None:
+def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, features_topk, features_folds,
+                features_span, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
-              shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk)
+              shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk,
+              features_folds=features_folds, features_span=features_span)
     console = Console(highlight=False)
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "
@@ -36,3 +44,8 @@ def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, feature
         f = m["features"]
         console.print(f"features written for train and val: match length (max {f['max_len']}), top-{f['topk']} next "
                       f"tokens and counts, {f['record_bytes']} bytes/token")
+        if "train_lookups" in f:
+            t = f["train_lookups"]
+            sizes = ", ".join(f"{p['index_tokens']:,}" for p in t["per_fold"])
+            console.print(f"training features from {t['folds']} fold indexes decontaminated at {t['span']} tokens "
+                          f"({sizes} tokens)")

@@ -10,6 +10,7 @@ from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.index import Index, build_index
 from tscale.index.features import StoredFeatures, unpack
+from tscale.index.folds import assign_folds
 from tscale.index.lookup import MERGE_TOPK, merge_shards
 from tscale.ops import index as ops
 from tscale.ops.backend import kernels_available
@@ -297,6 +298,50 @@ def test_features_match_lookups(token_folder, tmp_path):
     with pytest.raises(UserError, match="--features-topk 4"):
         StoredFeatures(index.path, folder, topk=4)
 
+
+
+@needs_kernels
+def test_fold_features_are_lookups_in_an_index_decontaminated_against_the_fold(token_folder, tmp_path):
+    span, topk = 8, 3
+    m = build_index(token_folder, tmp_path / "index", features=True, features_folds=2, features_span=span,
+                    features_topk=topk, quiet=True)
+    folder = TokenFolder(token_folder)
+    index = Index(tmp_path / "index", verify=True)
+    assert not list((tmp_path / "index").glob(".fold-*"))  # the fold indexes are scratch
+    record = m["features"]["train_lookups"]
+    assert (record["folds"], record["span"]) == (2, span)
+    docs = _index_docs(folder)  # every train document (none dropped from the main index here)
+    fold = np.concatenate(assign_folds(folder, 2))
+    grams = [ops.doc_ngrams_reference(d, np.array([0]), span)[0] for d in docs]
+    stored = np.concatenate(StoredFeatures(index.path, folder, topk=topk).shards("train"))
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in docs])[:-1]])
+    eos = index.eos_id
+    for k in (0, 1):
+        mine = np.flatnonzero(fold == k)
+        fold_grams = set().union(*(grams[i] for i in mine))
+        kept = [i for i in range(len(docs)) if fold[i] != k and not (grams[i] & fold_grams)]
+        assert record["per_fold"][k]["index_tokens"] == sum(len(docs[i]) for i in kept)
+        text = np.concatenate([docs[i] for i in kept]).astype(np.int64)
+        query = np.concatenate([docs[i] for i in mine]).astype(np.int64)
+        lens, nxt, cnt = merge_shards([ops.index_lookup_reference(text, None, None, query, None, eos, 64, MERGE_TOPK, 0)],
+                                      topk)
+        pos = np.concatenate([np.arange(starts[i], starts[i] + len(docs[i])) for i in mine])
+        np.testing.assert_array_equal(stored["len"][pos], lens)
+        np.testing.assert_array_equal(stored["next"][pos], np.where(nxt >= 0, nxt, index.vocab_size))
+        np.testing.assert_array_equal(stored["count"][pos], cnt)
+    inner = np.ones(len(stored), bool)
+    inner[starts + np.array([len(d) for d in docs]) - 1] = False  # a document's eos may end a longer match
+    assert stored["len"][inner].max() < span  # no fold index shares a span with the documents looked up in it
+    build_index(token_folder, tmp_path / "loo", features=True, features_topk=topk, quiet=True)
+    plain = np.concatenate(StoredFeatures(tmp_path / "loo", folder, topk=topk).shards("train"))
+    assert plain["len"][inner].max() >= span  # leave-one-out still finds train[20], the copy of train[7]
+    val = StoredFeatures(index.path, folder, topk=topk).shards("val")[0]
+    want = index.lookup(folder.shards("val")[0].tokens, max_len=64, topk=topk)
+    assert np.array_equal(val["len"], want[0]) and np.array_equal(val["count"], want[2])
+    with pytest.raises(UserError, match="only with --features"):
+        build_index(token_folder, tmp_path / "x", features_folds=2, quiet=True)
+    with pytest.raises(UserError, match="--features-folds 1"):
+        build_index(token_folder, tmp_path / "y", features=True, features_folds=1, quiet=True)
 
 @needs_kernels
 def test_real_text_index(shakespeare_jsonl, gpt2_bpe, tmp_path, run_cli):

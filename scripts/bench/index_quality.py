@@ -9,7 +9,10 @@ GPT-2 BPE, made by `tscale tokenize`), it runs the real stages as subprocesses:
    the same minus every training document that shares an N-token span with a validation one;
 3. `tscale train` from the same config, seed and token budget, so all models read the same
    windows, each at most once (one pass): without the index, and once per --variant with it
-   (features of the raw index; default: one variant "mixer" = index.mixer, the gate-only mixture);
+   (features of the raw index; default: one variant "mixer" = index.mixer, the gate-only mixture).
+   A variant with the item `features=folds` trains on training features looked up in K fold
+   indexes decontaminated against their fold at the first N (`tscale build-index --features
+   --features-folds K`, K = --features-folds, default 4; the index itself is the raw one);
 4. `tscale eval --index RAW --index DEC...` of every model on every validation token.
 
 ppl_reduction_X = 1 - ppl(model with index, lookups in index X) / ppl(model without index).
@@ -29,6 +32,7 @@ limit continues where it stopped when started again (--fresh starts over).
 
   python scripts/bench/index_quality.py TOKENS [--train-tokens 65536000] [--work .cache/bench-index-quality]
       [--variant NAME=KEY=VALUE[,KEY=VALUE...]]...   e.g. --variant mixer=index.mixer=true
+      [--features-folds 4]                           e.g. --variant folds=features=folds,index.mixer=true
   python scripts/bench/index_quality.py TOKENS --tiny      # CPU, tiny model, minutes; writes under --work
 """
 
@@ -119,12 +123,25 @@ def last_rate(run: Path) -> float | None:
     return rates[-1] if rates else None
 
 
+FEATURE_SOURCES = ("features=loo", "features=folds")  # a variant's item choosing its training features (not a config key)
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """"NAME=KEY=VALUE,KEY=VALUE" -> (NAME, ["KEY=VALUE", ...])."""
     name, _, sets = text.partition("=")
     if not name.isidentifier() or name == "base" or not sets:
         raise argparse.ArgumentTypeError(f"--variant {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...], NAME not 'base'")
-    return name, sets.split(",")
+    items = sets.split(",")
+    odd = [i for i in items if i.startswith("features=") and i not in FEATURE_SOURCES]
+    if odd:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: {odd[0]}: expected one of {', '.join(FEATURE_SOURCES)}")
+    return name, items
+
+
+def feature_source(sets: list[str]) -> tuple[str, list[str]]:
+    """("loo" or "folds", the config overrides without the features item)."""
+    source = "folds" if "features=folds" in sets else "loo"
+    return source, [s for s in sets if s not in FEATURE_SOURCES]
 
 
 def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
@@ -156,6 +173,7 @@ def main() -> None:
     ap.add_argument("--variant", dest="variants", action="append", type=parse_variant,
                     help="NAME=KEY=VALUE[,...]: a model trained with the index and these overrides (repeatable; "
                          "the first is the headline) [default: mixer=index.mixer=true]")
+    ap.add_argument("--features-folds", type=int, default=4, help="K of the variants with features=folds")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU; results go to --work, not docs/")
     ap.add_argument("--fresh", action="store_true", help="delete --work first")
     ap.add_argument("--out", type=Path, help="folder of index.json [default: docs/bench, or --work with --tiny]")
@@ -192,14 +210,19 @@ def main() -> None:
     for n in args.decontaminate:
         decs.append(work / f"index-dec{n}")
         build(tokens, decs[-1], log, ["--decontaminate", n, "--max-memory-gb", args.max_memory_gb])
+    variants = dict(args.variants or [("mixer", ["index.mixer=true"])])
+    sources = {name: feature_source(sets) for name, sets in variants.items()}
+    feature_index = {"loo": raw, "folds": work / f"index-folds{args.features_folds}"}
+    if any(src == "folds" for src, _ in sources.values()):
+        build(tokens, feature_index["folds"], log, ["--features", "--features-folds", args.features_folds, "--features-span",
+                                                    args.decontaminate[0], "--max-memory-gb", args.max_memory_gb])
     index_s = time.perf_counter() - t_index
 
     config = None if args.tiny else args.config
-    variants = dict(args.variants or [("mixer", ["index.mixer=true"])])
     head = next(iter(variants))
     runs = {**{name: work / f"run-{name}" for name in variants}, "base": work / "run-base"}
-    seconds = {name: train(config, [*run_sets, f'index.path="{raw}"', *sets], tokens, runs[name], steps, log)
-               for name, sets in variants.items()}
+    seconds = {name: train(config, [*run_sets, f'index.path="{feature_index[src]}"', *sets], tokens, runs[name], steps, log)
+               for name, (src, sets) in sources.items()}
     seconds["base"] = train(config, run_sets, tokens, runs["base"], steps, log)
     extra = ["--batch-size", args.eval_batch_size, *(["--max-tokens", args.max_eval_tokens] if args.max_eval_tokens else []),
              *(["--device", "cpu"] if args.tiny else [])]
@@ -230,7 +253,8 @@ def main() -> None:
     notes = (f"{arch} {cfg.model.n_layer}x{cfg.model.d_model}, seq_len {cfg.model.seq_len}, {steps} steps x {per_step} tokens "
              f"({steps * per_step:,} tokens, one pass: no window read twice), same seed and windows with and without "
              f"the index; with it (top-{cfg.index.topk}, delta {cfg.index.delta}, trained on the raw index's leave-one-out "
-             f"features), variants {', '.join(f'{n}: ' + ' '.join(v) for n, v in variants.items())}; headline metrics: "
+             f"features, or with features=folds on lookups in {args.features_folds} fold indexes decontaminated against "
+             f"their fold at N = {args.decontaminate[0]}), variants {', '.join(f'{n}: ' + ' '.join(v) for n, v in variants.items())}; headline metrics: "
              f"{head}, the others under quality_variant_<name>_*. Evaluated on {metrics['quality_val_tokens']:,} validation tokens, "
              f"lookups against the raw index and the indexes decontaminated at N = {args.decontaminate} (whole training "
              f"documents sharing an N-token span with validation dropped). ppl_reduction = 1 - ppl_with / ppl_without; "

@@ -23,6 +23,7 @@ from tscale.errors import UserError
 from tscale.fileio import atomic_dir
 from tscale.index import features as feats
 from tscale.index.decontaminate import contaminated_docs
+from tscale.index.folds import MAX_FOLDS, write_fold_features
 from tscale.index.lookup import DOC_COLUMNS, INDEX_FORMAT, INDEX_VERSION, SA_BYTES, Index, tokens_identity
 from tscale.manifest import write_manifest
 from tscale.ops import index as ops
@@ -33,6 +34,7 @@ MAX_SHARD_TOKENS = (1 << 32) - 1
 BUILD_BYTES_32 = 12
 BUILD_BYTES_64 = 24
 DEFAULT_MAX_MEMORY_GB = 8.0
+DEFAULT_FEATURES_SPAN = 32  # the fold indexes' decontamination span, as the evaluation index's headline N
 
 
 def shard_tokens_for(max_memory_gb: float) -> int:
@@ -50,11 +52,14 @@ def default_workers() -> int:
 
 def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb: float = DEFAULT_MAX_MEMORY_GB,
                 decontaminate: int | None = None, features: bool = False, shard_tokens: int | None = None,
-                quiet: bool = False, workers: int | None = None, features_topk: int = feats.DEFAULT_TOPK) -> dict:
+                quiet: bool = False, workers: int | None = None, features_topk: int = feats.DEFAULT_TOPK,
+                features_folds: int | None = None, features_span: int = DEFAULT_FEATURES_SPAN) -> dict:
     """Build the index folder `out` from the token folder `tokens`; return its manifest.
 
     features: also write per-token lookups of every train and val token, with the top
-    `features_topk` next tokens and their counts (tscale/index/features.py).
+    `features_topk` next tokens and their counts (tscale/index/features.py). Train tokens are
+    looked up leave-one-out in this index, or with `features_folds` K, each fold in an index
+    of the other folds decontaminated against it at `features_span` tokens (tscale/index/folds.py).
     """
     out = Path(out)
     if out.exists():
@@ -65,6 +70,13 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
     if not 1 <= features_topk <= feats.MAX_TOPK:
         raise UserError(f"--features-topk {features_topk}: must be between 1 and {feats.MAX_TOPK}")
+    if features_folds is not None:
+        if not features:
+            raise UserError("--features-folds: only with --features (it says how the training features are looked up)")
+        if not 2 <= features_folds <= MAX_FOLDS:
+            raise UserError(f"--features-folds {features_folds}: must be between 2 and {MAX_FOLDS}")
+        if features_span < 1:
+            raise UserError(f"--features-span {features_span}: the span length must be at least 1 token")
     workers = workers or default_workers()
     if workers < 1:
         raise UserError(f"--workers {workers}: must be at least 1")
@@ -81,39 +93,57 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
                         TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
     with progress, atomic_dir(out) as tmp:
-        task = progress.add_task("building suffix arrays", total=folder.num_tokens("train"))
-        shards, files = [], []
-        t1 = time.perf_counter()
-        with ThreadPoolExecutor(workers) as pool:
-            pending = []
-            for n, (toks, docs) in enumerate(_assemble(folder, dropped, limit)):
-                pending.append((n, toks, docs, pool.submit(ops.suffix_array, toks)))
-                while len(pending) >= workers or (pending and pending[0][3].done()):
-                    shards.append(_write_shard(tmp, *pending.pop(0)))
-                    progress.advance(task, shards[-1]["tokens"])
-            while pending:
-                shards.append(_write_shard(tmp, *pending.pop(0)))
-                progress.advance(task, shards[-1]["tokens"])
-        sort_s = time.perf_counter() - t1
-        files = [f"{s['name']}.{ext}" for s in shards for ext in ("tok", "sa", "docs")]
-        progress.update(task, completed=folder.num_tokens("train"))
-        total = sum(s["tokens"] for s in shards)
-        disk = sum((tmp / f).stat().st_size for f in files)
-        fields = dict(
-            tokens=tokens_identity(folder), vocab_size=folder.vocab_size, eos_id=folder.eos_id, dtype=folder.dtype.str,
-            sa_bytes=SA_BYTES, shards=shards, num_tokens=total, num_docs=sum(s["docs"] for s in shards),
-            bytes_per_token=round(disk / total, 4) if total else None,
-            decontamination=_decontamination_record(folder, dropped, decontaminate),
-            build={"max_memory_gb": max_memory_gb, "shard_tokens_limit": limit, "seconds": round(time.perf_counter() - t0, 3),
-                   "suffix_array_seconds": round(sort_s, 3), "workers": min(workers, len(shards)) if shards else 1},
-            features=None,
-        )
+        fields = write_index(folder, dropped, limit, workers, tmp, progress, "building suffix arrays")
+        fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate)
+        fields["build"].update(max_memory_gb=max_memory_gb, seconds=round(time.perf_counter() - t0, 3))
+        files = fields.pop("files")
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
         if features:
-            written = feats.write_features(Index(tmp), folder, tmp, progress, topk=features_topk)
+            splits = ("val",) if features_folds else ("train", "val")
+            written = feats.write_features(Index(tmp), folder, tmp, progress, topk=features_topk, splits=splits)
+            if features_folds:
+                train = write_fold_features(folder, tmp, features_folds, features_span, features_topk, progress,
+                                            lambda drop, dest: write_index(folder, drop, limit, workers, dest, progress,
+                                                                           "fold index"))
+                written["files"] = train.pop("files") + written["files"]
+                written["record"]["train_lookups"] = train
+                written["record"]["leave_one_out"] = "train tokens are looked up in their fold's index (train_lookups)"
             fields["features"] = written["record"]
             manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files + written["files"], **fields)
     return manifest
+
+
+def write_index(folder: TokenFolder, dropped: list[np.ndarray], limit: int, workers: int, dest: Path, progress: Progress,
+                description: str) -> dict:
+    """Sort and write the kept training documents' shards into `dest`; the manifest fields (with "files")."""
+    total_in = sum(int((s.doc_ends - s.docs[:, 0].astype(np.int64))[~d].sum()) for s, d in zip(folder.shards("train"), dropped))
+    task = progress.add_task(description, total=total_in)
+    shards = []
+    t1 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        pending = []
+        for n, (toks, docs) in enumerate(_assemble(folder, dropped, limit)):
+            pending.append((n, toks, docs, pool.submit(ops.suffix_array, toks)))
+            while len(pending) >= workers or (pending and pending[0][3].done()):
+                shards.append(_write_shard(dest, *pending.pop(0)))
+                progress.advance(task, shards[-1]["tokens"])
+        while pending:
+            shards.append(_write_shard(dest, *pending.pop(0)))
+            progress.advance(task, shards[-1]["tokens"])
+    sort_s = time.perf_counter() - t1
+    files = [f"{s['name']}.{ext}" for s in shards for ext in ("tok", "sa", "docs")]
+    progress.update(task, completed=total_in)
+    total = sum(s["tokens"] for s in shards)
+    disk = sum((dest / f).stat().st_size for f in files)
+    return dict(
+        files=files, tokens=tokens_identity(folder), vocab_size=folder.vocab_size, eos_id=folder.eos_id,
+        dtype=folder.dtype.str, sa_bytes=SA_BYTES, shards=shards, num_tokens=total,
+        num_docs=sum(s["docs"] for s in shards), bytes_per_token=round(disk / total, 4) if total else None,
+        decontamination=None,
+        build={"shard_tokens_limit": limit, "suffix_array_seconds": round(sort_s, 3),
+               "workers": min(workers, len(shards)) if shards else 1},
+        features=None,
+    )
 
 
 def _write_shard(tmp: Path, n: int, toks: np.ndarray, docs: np.ndarray, sa_future) -> dict:

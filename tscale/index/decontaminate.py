@@ -19,13 +19,20 @@ def _docs(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
 
 def contaminated_docs(folder: TokenFolder, n: int) -> list[np.ndarray]:
     """Per train shard, a bool (D,) array: True for documents sharing an n-gram with validation."""
-    val = [_docs(s) for s in folder.shards("val")]
+    return docs_sharing_ngrams(folder, [_docs(s) for s in folder.shards("val")], n)
+
+
+def docs_sharing_ngrams(folder: TokenFolder, probe: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[np.ndarray]:
+    """Per train shard, a bool (D,) array: True for documents sharing an n-gram with a document of `probe`.
+
+    probe: (tokens, document starts) pairs, documents back to back, each ending in eos.
+    """
     if kernels_available():
-        hashes = [ops.ngram_hashes(t, st, n) for t, st in val]
+        hashes = [ops.ngram_hashes(t, st, n) for t, st in probe]
         table = np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.int64)
         return [ops.docs_with_ngrams(*_docs(s), n, table) for s in folder.shards("train")]
     grams: set[tuple] = set()
-    for t, st in val:
+    for t, st in probe:
         for g in ops.doc_ngrams_reference(t, st, n):
             grams |= g
     return [ops.docs_with_ngrams_reference(*_docs(s), n, grams) for s in folder.shards("train")]

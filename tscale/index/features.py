@@ -59,16 +59,16 @@ def pack(lens: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, dtype: np.dtype, no
 
 
 def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progress | None = None,
-                   topk: int = DEFAULT_TOPK) -> dict:
-    """Write features for every shard of `folder` into `out`; return {"files": [...], "record": {...}}."""
+                   topk: int = DEFAULT_TOPK, splits: tuple[str, ...] = ("train", "val")) -> dict:
+    """Write features for every shard of `splits` of `folder` into `out`; return {"files": [...], "record": {...}}."""
     if not 1 <= topk <= MAX_TOPK:
         raise UserError(f"--features-topk {topk}: must be between 1 and {MAX_TOPK}")
     index.check_tokens(folder)
     own = index.doc_ranges()
     dtype = feature_dtype(folder.dtype, topk)
     files = []
-    task = progress.add_task("writing features", total=folder.num_tokens("train") + folder.num_tokens("val")) if progress else None
-    for split in ("train", "val"):
+    task = progress.add_task("writing features", total=sum(folder.num_tokens(s) for s in splits)) if progress else None
+    for split in splits:
         for k, (name, shard) in enumerate(zip(folder.manifest["splits"][split]["shards"], folder.shards(split))):
             rec = np.zeros(len(shard.tokens), dtype=dtype)
             for s, e, excl in doc_batches(shard, k, own if split == "train" else None):
