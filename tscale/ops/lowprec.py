@@ -233,17 +233,27 @@ def _problem(kind: str, a, b, scale_a, scale_b, out_dtype) -> tuple:
             out_dtype)
 
 
-def product_paths(kind: str, a, b, scale_a, scale_b, out_dtype) -> list[str]:
-    """The paths fp8_mm (kind "fp8") or int8_mm ("int8") tries for these operands, in order; "reference" is last."""
+_paths_known: dict[tuple, tuple[str, ...]] = {}  # (setting, problem) -> the paths whose rules it meets
+
+
+def product_paths(kind: str, a, b, scale_a, scale_b, out_dtype, problem: tuple | None = None) -> list[str]:
+    """The paths fp8_mm (kind "fp8") or int8_mm ("int8") tries for these operands, in order; "reference" is last.
+
+    Which rules a problem meets is worked out once per (setting, problem): a layer calls this
+    three times a step with the same shapes, and on a GPU the host's time per call is the step's.
+    """
     setting = gemm_path_setting()
-    problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
-    paths = []
-    if setting in ("auto", "cutlass") and _cutlass_ok(kind, a, b, out_dtype):
-        paths.append("cutlass")
-    if setting in ("auto", "cublaslt") and _cublaslt_ok(kind, a, b, out_dtype):
-        paths.append("cublaslt")
-    if setting in ("auto", "torch") and _torch_ok(kind, a, b, scale_a, scale_b, out_dtype):
-        paths.append("torch")
+    problem = problem or _problem(kind, a, b, scale_a, scale_b, out_dtype)
+    paths = _paths_known.get((setting, problem))
+    if paths is None:
+        found = []
+        if setting in ("auto", "cutlass") and _cutlass_ok(kind, a, b, out_dtype):
+            found.append("cutlass")
+        if setting in ("auto", "cublaslt") and _cublaslt_ok(kind, a, b, out_dtype):
+            found.append("cublaslt")
+        if setting in ("auto", "torch") and _torch_ok(kind, a, b, scale_a, scale_b, out_dtype):
+            found.append("torch")
+        paths = _paths_known[(setting, problem)] = tuple(found)
     return [p for p in paths if (p, problem) not in _failed] + ["reference"]
 
 
@@ -300,7 +310,7 @@ def _say(kind: str, path: str, device_type: str) -> None:
 def _product(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> torch.Tensor:
     """The first path of product_paths that runs; the reference (always last) cannot fail."""
     problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
-    for path in product_paths(kind, a, b, scale_a, scale_b, out_dtype):
+    for path in product_paths(kind, a, b, scale_a, scale_b, out_dtype, problem):
         if path == "reference":
             break
         try:
