@@ -9,21 +9,25 @@
 # With one GPU everything runs on it, speed first and alone. Every job stops SECONDS (default 540)
 # after the start; the quality runs resume from their last checkpoint when the script is called
 # again on the same machine. Then, if every quality run has finished, one `quality` call merges
-# the differences.
+# the differences. COMPILE_MODE (default "default") is the speed runs' train.compile_mode, e.g.
+# reduce-overhead (CUDA graphs); SPEED_SIZES (default "124m 1p5b") their sizes.
 set -u
 TOK=${1:?usage: lowprec_runs.sh TOKENS OUT_DIR [SECONDS]}
 OUT=${2:?usage: lowprec_runs.sh TOKENS OUT_DIR [SECONDS]}
 LIMIT=${3:-540}
 SPEED_RECIPES=${SPEED_RECIPES:-bf16 fp8_tensorwise int8_rowwise}   # names of lowprec_train.py RECIPES
 QUALITY_RECIPES=${QUALITY_RECIPES:-fp8_tensorwise int8_rowwise}    # besides bf16, which runs on GPU 0
+COMPILE_MODE=${COMPILE_MODE:-default}
+SPEED_SIZES=${SPEED_SIZES:-124m 1p5b}
 deadline=$(( $(date +%s) + LIMIT ))
 left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 mkdir -p "$OUT"
 bench="python3 scripts/bench/lowprec_train.py"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 speed_then_bf16() {
-  timeout "$(left)" $bench speed --recipes $SPEED_RECIPES > "$OUT/speed.log" 2>&1
-  echo "speed: exit $?"; tail -8 "$OUT/speed.log"
+  timeout "$(left)" $bench speed --sizes $SPEED_SIZES --recipes $SPEED_RECIPES --compile-mode "$COMPILE_MODE" \
+    > "$OUT/speed-$COMPILE_MODE.log" 2>&1
+  echo "speed ($COMPILE_MODE): exit $?"; tail -8 "$OUT/speed-$COMPILE_MODE.log"
   timeout "$(left)" $bench quality "$TOK" --recipes bf16 > "$OUT/quality-bf16.log" 2>&1
   echo "quality bf16: exit $?"
 }
