@@ -54,7 +54,8 @@ def _cutlass_extension():
     or the pip package nvidia-cutlass (`pip install nvidia-cutlass`, headers only);
     TSCALE_NO_CUTLASS=1 skips it. Compiled for the architectures of TORCH_CUDA_ARCH_LIST from 8.0
     up, with 9.0 as sm_90a (the Hopper kernel's wgmma needs it). Without the module int8 products
-    take cuBLASLt's int32 output and a scaling pass.
+    take cuBLASLt's int32 output and a scaling pass. TSCALE_CUTLASS_CANDIDATES=1 adds the Hopper
+    kernel's other configurations (int8_gemm_sm90_candidates.cu) for scripts/bench/lowprec_gemm.py.
     """
     if os.environ.get("TSCALE_NO_CUTLASS") == "1":
         return None
@@ -65,9 +66,11 @@ def _cutlass_extension():
               "from 8.0 up; building without the CUTLASS int8 products")
         return None
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in arches]
+    candidates = os.environ.get("TSCALE_CUTLASS_CANDIDATES") == "1" and "90a" in arches  # other configs, to time
     return cpp_extension.CUDAExtension(
         "tscale._C_cutlass",
-        sorted(glob.glob(f"{CUTLASS_SOURCES}/*.cpp") + glob.glob(f"{CUTLASS_SOURCES}/*.cu")),
+        sorted(glob.glob(f"{CUTLASS_SOURCES}/*.cpp") + [f for f in glob.glob(f"{CUTLASS_SOURCES}/*.cu")
+                                                         if candidates or not f.endswith("_candidates.cu")]),
         include_dirs=include,
         extra_compile_args={"cxx": ["-O3"],
                             "nvcc": ["-O3", "-DNDEBUG", "--expt-relaxed-constexpr", *gencode]},

@@ -13,6 +13,8 @@ forward product y = x W^T is timed as (operands already quantised unless said ot
   int8_lt_i32       ours (tscale::int8_gemm_i32), int8 -> int32 (no scales)
   int8_lt           ours (tscale::int8_gemm), per-token x per-channel scales, bf16 out
   int8_cutlass      ours (tscale::int8_scaled_mm_sm90 / _sm80, CUTLASS), the same with the scales in the epilogue
+  int8_cutlass_cN   the Hopper kernel's candidate configuration N (built with TSCALE_CUTLASS_CANDIDATES=1;
+                    csrc/cutlass/int8_gemm_sm90_candidates.cu), to choose the configuration by measurement
   fp8_percall       what LowPrecLinear does per call: quantize x and W (one scale each) + fp8_mm
   int8_percall      quantize x and W per row + int8_mm (bf16 out)
 and the training step of a whole layer (forward + backward) as
@@ -50,6 +52,11 @@ MODELS = {"124m": 768, "1p5b": 1600}
 LAYERS = {"qkv": (1, 3), "attn_out": (1, 1), "mlp_up": (1, 4), "mlp_down": (4, 1)}  # (K, N) in units of d
 TRAIN_RECIPES = ("fp8_tensorwise", "fp8_rowwise", "int8_rowwise")
 E4M3 = torch.float8_e4m3fn
+CUTLASS_CANDIDATES = (1, 2, 3)  # configs of tscale::int8_scaled_mm_sm90_candidate
+
+
+def ops_candidate(a, b, scale_a, scale_b, config: int) -> torch.Tensor:
+    return torch.ops.tscale.int8_scaled_mm_sm90_candidate(a, b, scale_a, scale_b, config)
 
 
 def product_fns(M: int, K: int, N: int, device: torch.device) -> tuple[dict, dict]:
@@ -104,6 +111,10 @@ def product_fns(M: int, K: int, N: int, device: torch.device) -> tuple[dict, dic
         cutlass_mm = lowprec._cutlass_op(xi8.device.index)
         fns["int8_cutlass"] = lambda: cutlass_mm(xi8, wi8.t(), sxi_v, swi_v)
         refs["int8_cutlass"] = lambda: exact(xi8, wi8, sxi, swi_t)
+        if lowprec._op_defined("int8_scaled_mm_sm90_candidate") and torch.cuda.get_device_capability() == (9, 0):
+            for n in CUTLASS_CANDIDATES:
+                fns[f"int8_cutlass_c{n}"] = lambda n=n: ops_candidate(xi8, wi8.t(), sxi_v, swi_v, n)
+                refs[f"int8_cutlass_c{n}"] = refs["int8_cutlass"]
     return fns, refs
 
 
