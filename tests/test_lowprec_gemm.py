@@ -304,6 +304,18 @@ def test_cutlass_int8_products_scale_the_exact_sums_once(cutlass_int8, op, M, K,
     torch.testing.assert_close(out.double(), want, rtol=BF16_RTOL + 2 * 2.0 ** -24, atol=0.0)
 
 
+
+@pytest.mark.parametrize("config", [1, 2, 3])
+@pytest.mark.parametrize("M, K, N", [(16384, 1600, 4800), (333, 784, 520), (1, 1600, 6400)])
+def test_cutlass_candidate_configurations_match_the_exact_sums(cutlass_int8, config, M, K, N):
+    """The Hopper kernel's other configurations (TSCALE_CUTLASS_CANDIDATES=1 builds): the same result rules."""
+    if torch.cuda.get_device_capability() != (9, 0) or not lowprec._op_defined("int8_scaled_mm_sm90_candidate"):
+        pytest.skip("needs compute capability 9.0 and a build with TSCALE_CUTLASS_CANDIDATES=1")
+    a, b, sa, sb = operands(M, K, N, INT8, True, seed=M + config, device="cuda")
+    out = torch.ops.tscale.int8_scaled_mm_sm90_candidate(a, b, sa.reshape(-1).contiguous(), sb.reshape(-1).contiguous(),
+                                                         config)
+    torch.testing.assert_close(out.double(), exact(a, b, sa, sb)[0], rtol=BF16_RTOL + 2 * 2.0 ** -24, atol=0.0)
+
 def test_cutlass_int8_product_is_the_layers_path_and_refuses_bad_operands(cutlass_int8, monkeypatch):
     monkeypatch.delenv("TSCALE_LOWPREC_GEMM", raising=False)
     a, b, sa, sb = operands(256, 1600, 6400, INT8, True, seed=14, device="cuda")
