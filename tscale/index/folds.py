@@ -20,7 +20,6 @@ import numpy as np
 from rich.progress import Progress
 
 from tscale.data.shards import TokenFolder
-from tscale.errors import UserError
 from tscale.index import features as feats
 from tscale.index.decontaminate import docs_sharing_ngrams
 from tscale.index.lookup import INDEX_FORMAT, INDEX_VERSION, Index
@@ -69,18 +68,14 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, t
     """Write the train features of `folder` into `out`, fold by fold; the record of how (with "files").
 
     build(dropped, dest) writes an index of the train documents not dropped into dest and
-    returns its manifest fields (tscale.index.build.write_index).
+    returns its manifest fields (tscale.index.build.write_index). Every document is in one
+    fold, so every record is written once. folds (2..MAX_FOLDS) and span (>= 1) are checked by
+    the caller (tscale.index.build.build_index).
     """
-    if not 2 <= folds <= MAX_FOLDS:
-        raise UserError(f"--features-folds {folds}: must be between 2 and {MAX_FOLDS}")
-    if span < 1:
-        raise UserError(f"--features-span {span}: the span length must be at least 1 token")
     dtype = feats.feature_dtype(folder.dtype, topk)
     names = folder.manifest["splits"]["train"]["shards"]
     outputs = [np.memmap(out / feats.feature_name(n), dtype=dtype, mode="w+", shape=(len(s.tokens),))
                for n, s in zip(names, folder.shards("train"))]
-    for rec in outputs:
-        rec["next"] = folder.vocab_size  # a document in no fold's lookup (none exist) would read as "no match"
     fold_of = assign_folds(folder, folds)
     sizes = []
     task = progress.add_task("fold features", total=folder.num_tokens("train")) if progress else None
