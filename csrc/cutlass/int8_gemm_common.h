@@ -10,12 +10,24 @@
 #include <cutlass/cutlass.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace tscale {
 
+// A device attribute (compute capability, SM count), asked of the driver once per device and
+// attribute: the ops need them on every call, and they do not change while the process runs.
 inline int device_attribute(cudaDeviceAttr attr, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, int> known;
+  const std::pair<int, int> key{static_cast<int>(attr), device};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
   int value = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  known.emplace(key, value);
   return value;
 }
 
