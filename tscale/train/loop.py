@@ -76,16 +76,6 @@ class _StopFlag:
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that replay CUDA graphs
 
 
-def uses_cuda_graphs(mode: str) -> bool:
-    return mode in CUDA_GRAPH_MODES
-
-
-def compiled(fn: Callable, train_cfg) -> Callable:
-    """fn under torch.compile in train.compile_mode ("default" is torch's own default)."""
-    mode = train_cfg.compile_mode
-    return torch.compile(fn, mode=None if mode == "default" else mode)
-
-
 def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool) -> None:
     """Create the run folder; refuse one that holds anything else, or, to resume, one without a run."""
     if resume:
@@ -223,8 +213,9 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
             feats = feats.drop_windows(cfg.index.dropout)
         return replicas.module(x, index=feats, targets=y).mean()
 
-    step_loss = compiled(forward_loss, cfg.train) if cfg.train.compile else forward_loss
-    graphs = cfg.train.compile and uses_cuda_graphs(cfg.train.compile_mode) and device.type == "cuda"
+    mode = cfg.train.compile_mode  # "default" is torch's own default
+    step_loss = torch.compile(forward_loss, mode=None if mode == "default" else mode) if cfg.train.compile else forward_loss
+    graphs = cfg.train.compile and mode in CUDA_GRAPH_MODES and device.type == "cuda"
 
     tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len * env.world
     flops_per_token = model.flops_per_token(cfg.model.seq_len)
