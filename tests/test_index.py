@@ -9,6 +9,7 @@ import pytest
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.index import Index, build_index
+from tscale.index import features as features_module
 from tscale.index.features import StoredFeatures, unpack
 from tscale.index.folds import assign_folds
 from tscale.index.lookup import MERGE_TOPK, merge_shards
@@ -301,7 +302,8 @@ def test_features_match_lookups(token_folder, tmp_path):
 
 
 @needs_kernels
-def test_fold_features_are_lookups_in_an_index_decontaminated_against_the_fold(token_folder, tmp_path):
+def test_fold_features_are_lookups_in_an_index_decontaminated_against_the_fold(token_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(features_module, "BATCH_TOKENS", 40)  # many lookup batches of whole documents per fold
     span, topk = 8, 3
     m = build_index(token_folder, tmp_path / "index", features=True, features_folds=2, features_span=span,
                     features_topk=topk, quiet=True)

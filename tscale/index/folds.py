@@ -107,13 +107,12 @@ def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype:
     """Fill rec at the tokens of the documents `mine` of `shard` with their lookups in `index`; tokens done."""
     starts, ends = shard.docs[:, 0].astype(np.int64), shard.doc_ends.astype(np.int64)
     idx = np.flatnonzero(mine)
+    starts, ends = starts[idx], ends[idx]  # fold k's documents, in shard order
     done = 0
     d0 = 0
     while d0 < len(idx):  # batches of whole documents: contexts restart after each document's eos
-        d1 = d0 + 1
-        while d1 < len(idx) and ends[idx[d1]] - starts[idx[d0]] <= feats.BATCH_TOKENS:
-            d1 += 1
-        pos = _positions(starts[idx[d0:d1]], ends[idx[d0:d1]])
+        d1 = max(d0 + 1, int(np.searchsorted(ends, starts[d0] + feats.BATCH_TOKENS, side="right")))
+        pos = _positions(starts[d0:d1], ends[d0:d1])
         looked = index.lookup(np.asarray(shard.tokens)[pos], None, max_len=feats.FEATURE_MAX_LEN, topk=topk,
                               max_support=feats.FEATURE_MAX_SUPPORT)
         rec[pos] = feats.pack(*looked, dtype, vocab_size)
