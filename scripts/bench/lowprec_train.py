@@ -107,9 +107,8 @@ def speed(args) -> tuple[dict, str]:
             random_token_folder(tokens, (args.warmup + args.steps + 2) * shape.train.batch_size * (shape.model.seq_len + 1))
             rates = {}
             label = size if args.compile_mode == "default" else f"{size}_{args.compile_mode.replace('-', '_')}"
-            mode = [] if args.tiny else [f'train.compile_mode="{args.compile_mode}"']
             for recipe in args.recipes:
-                cfg = load_config(config, [*spec["sets"], *mode, *recipe_sets(recipe), f"train.steps={args.warmup + args.steps}",
+                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *recipe_sets(recipe), f"train.steps={args.warmup + args.steps}",
                                            "train.eval_every=0", "train.ckpt_every=0", f"train.log_every={log_every}",
                                            f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
@@ -188,6 +187,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.tiny and args.out_dir is None:
         ap.error("--tiny writes a smoke-test record: give --out-dir (not docs/bench)")
+    if args.tiny and args.compile_mode != "default":
+        ap.error("--compile-mode needs torch.compile, which --tiny turns off")
     if args.mode == "quality" and args.tokens is None:
         ap.error("quality needs TOKENS (a token folder)")
     if not args.tiny and not torch.cuda.is_available():
