@@ -44,6 +44,54 @@ def test_orthogonalize_gives_near_orthogonal_matrices(shape):
     assert torch.nn.functional.cosine_similarity((u @ vh).flatten(), x.flatten(), dim=0) > 0.95
 
 
+def _reference_step(params, grads, state, lr, mu, wd, ns_steps, betas, eps, kind):
+    """One Muon or AdamW step parameter by parameter, as the optimizer's docstring defines it."""
+    for p, g in zip(params, grads):
+        st = state.setdefault(id(p), {})
+        if kind == "muon":
+            buf = st.setdefault("buf", torch.zeros_like(p))
+            buf.mul_(mu).add_(g)
+            update = orthogonalize(g.add(buf, alpha=mu), ns_steps)
+            rows, cols = p.shape
+            p.mul_(1 - lr * wd).add_(update, alpha=-lr * max(1.0, rows / cols) ** 0.5)
+        else:
+            st["t"] = st.get("t", 0) + 1
+            m = st.setdefault("m", torch.zeros_like(p)).lerp_(g, 1 - betas[0])
+            v = st.setdefault("v", torch.zeros_like(p)).mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+            denom = (v / (1 - betas[1] ** st["t"])).sqrt_().add_(eps)
+            p.mul_(1 - lr * wd).addcdiv_(m, denom, value=-lr / (1 - betas[0] ** st["t"]))
+
+
+@pytest.mark.parametrize("kind", ["muon", "adam"])
+def test_grouped_step_matches_the_per_parameter_definition(kind):
+    """Shapes repeat (batched Newton-Schulz, multi-tensor updates) and differ (tall, wide, vectors for Adam)."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(48, 16), (16, 40), (48, 16), (24, 24), (16, 40), (48, 16)] + ([(7,), (24, 24, 2)] if kind == "adam" else [])
+    params = [torch.randn(*s, generator=gen) for s in shapes]
+    mine = [p.clone() for p in params]
+    initial = [p.clone() for p in params]
+    wd = 0.1
+    opt = Muon([{"params": mine, "kind": kind, "lr_scale": 0.5, "weight_decay": wd}], lr=0.02, momentum=0.9,
+               betas=(0.9, 0.95), eps=1e-8, ns_steps=5)
+    state: dict = {}
+    for _ in range(3):
+        grads = [torch.randn(*s, generator=gen) for s in shapes]
+        for p, g in zip(mine, grads):
+            p.grad = g.clone()
+        opt.step()
+        _reference_step(params, grads, state, 0.01, 0.9, wd, 5, (0.9, 0.95), 1e-8, kind)
+    for p, q in zip(mine, params):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert not any(torch.equal(p, p0) for p, p0 in zip(mine, initial))  # every parameter moved
+
+
+def test_batched_orthogonalize_equals_one_matrix_at_a_time():
+    g = torch.randn(5, 40, 24, generator=torch.Generator().manual_seed(4))  # tall: iterates on the transpose
+    batched = orthogonalize(g)
+    single = torch.stack([orthogonalize(m) for m in g])
+    torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-6)
+
+
 def _model():
     torch.manual_seed(0)
     return build_model(ModelConfig(n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=64, eos_id=0, window=4,
