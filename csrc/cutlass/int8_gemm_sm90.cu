@@ -18,11 +18,14 @@ using namespace cute;
 using sm90::ScaledGemm;
 using sm90::run;
 
-// Large M: two consumer warp groups share a 128 x 128 tile. Small M (decoding, M <= 64): one
-// warp group per 64-row tile, the two ping-ponging between mainloop and epilogue.
+// Large M: each of two consumer warp groups owns a 128 x 128 tile, one's epilogue running under the
+// other's mainloop (ping-pong), clusters of 2 x 1 sharing B's loads. On the H200 it ran the 1.5B
+// model's four products at 1.22-1.30 PFLOP/s, against 0.88-1.12 for two warp groups sharing one
+// tile (cooperative), which is candidate 1 of int8_gemm_sm90_candidates.cu (docs/BENCHMARKS.md).
+// Small M (decoding, M <= 64): one warp group per 64-row tile, the two ping-ponging likewise.
 using LargeM = ScaledGemm<Shape<_128, _128, _128>, Shape<_2, _1, _1>,
-                          cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                          cutlass::epilogue::TmaWarpSpecializedCooperative>;
+                          cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                          cutlass::epilogue::TmaWarpSpecialized>;
 using SmallM = ScaledGemm<Shape<_64, _128, _128>, Shape<_1, _1, _1>,
                           cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                           cutlass::epilogue::TmaWarpSpecialized>;

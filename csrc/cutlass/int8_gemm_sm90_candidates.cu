@@ -4,8 +4,8 @@
 //
 // Same operands, rules and result as int8_scaled_mm_sm90 (the same epilogue), one fixed
 // configuration per `config`:
-//   1  128 x 128 x 128 tile, cluster 2 x 1, ping-pong (each warp group its own tile, one's
-//      epilogue under the other's mainloop)
+//   1  128 x 128 x 128 tile, cluster 2 x 1, cooperative (two warp groups sharing the tile; the
+//      configuration int8_gemm_sm90.cu used before its ping-pong one)
 //   2  256 x 128 x 128 tile, cluster 2 x 1, cooperative (two warp groups of 128 x 128)
 //   3  128 x 256 x 128 tile, cluster 1 x 2, cooperative
 // Built only with TSCALE_CUTLASS_CANDIDATES=1 (setup.py): each configuration adds minutes of
@@ -19,9 +19,9 @@ using namespace cute;
 using sm90::ScaledGemm;
 using sm90::run;
 
-using PingPong128 = ScaledGemm<Shape<_128, _128, _128>, Shape<_2, _1, _1>,
-                               cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                               cutlass::epilogue::TmaWarpSpecialized>;
+using Coop128 = ScaledGemm<Shape<_128, _128, _128>, Shape<_2, _1, _1>,
+                           cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                           cutlass::epilogue::TmaWarpSpecializedCooperative>;
 using Coop256x128 = ScaledGemm<Shape<_256, _128, _128>, Shape<_2, _1, _1>,
                                cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
@@ -33,7 +33,7 @@ at::Tensor int8_scaled_mm_sm90_candidate(const at::Tensor& a, const at::Tensor& 
                                          const at::Tensor& scale_b, int64_t config) {
   const char* name = "int8_scaled_mm_sm90_candidate";
   switch (config) {
-    case 1: return int8_scaled_mm(name, a, b, scale_a, scale_b, 9, 0, true, 0, run<PingPong128>, run<PingPong128>);
+    case 1: return int8_scaled_mm(name, a, b, scale_a, scale_b, 9, 0, true, 0, run<Coop128>, run<Coop128>);
     case 2: return int8_scaled_mm(name, a, b, scale_a, scale_b, 9, 0, true, 0, run<Coop256x128>, run<Coop256x128>);
     case 3: return int8_scaled_mm(name, a, b, scale_a, scale_b, 9, 0, true, 0, run<Coop128x256>, run<Coop128x256>);
     default: TORCH_CHECK(false, name, ": config must be 1, 2 or 3, got ", config);
