@@ -106,6 +106,25 @@ def test_compile_mode_reaches_torch_compile(tokens, tmp_path, monkeypatch):
     with pytest.raises(Exception, match="needs train.compile = true"):
         tiny_cfg(tokens, 'train.compile_mode="reduce-overhead"')
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", [
+    ['model.arch="gpt2"', "train.grad_accum=2"],
+    ['model.arch="tscale"', 'optim.name="muon"', "model.window=8", "model.global_every=2"],
+    ['model.arch="gpt2"', 'precision.recipe="int8_rowwise"'],
+], ids=["gpt2-accum2", "tscale-muon", "gpt2-int8"])
+def test_cuda_graphs_train_like_the_default_mode(tokens, tmp_path, arch):
+    """train.compile_mode = "reduce-overhead" replays the step as CUDA graphs: same losses, evaluation after it works."""
+    curves = {}
+    for mode in ("default", "reduce-overhead"):
+        cfg = tiny_cfg(tokens, *arch, "train.steps=8", "train.compile=true", f'train.compile_mode="{mode}"',
+                       "train.eval_every=8", "train.eval_batches=2")
+        result = train_run(cfg, tmp_path / mode, quiet=True)
+        assert result.step == 8 and result.val_loss is not None
+        curves[mode] = [losses(tmp_path / mode)[s] for s in range(1, 9)]
+    assert curves["default"][-1] < curves["default"][0]
+    torch.testing.assert_close(curves["reduce-overhead"], curves["default"], rtol=2e-2, atol=0)
+
+
 def _cli(run_cli, *args):
     code, out = run_cli("train", *args)
     return code, out.strip().splitlines()
