@@ -1,0 +1,82 @@
+"""Training tokens/s of the tscale architecture against gpt2 at 124M, per torch.compile mode.
+
+    python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
+                                       [--out-dir docs/bench]
+
+Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
+the fused attention kernel with its windows, document masks and sink) run the real loop
+(`tscale.train.loop.train_run`) on the same token folder, the same batch (32 x 1024) and bf16
+autocast, one after the other in this process; the rate is the harmonic mean of the rates
+logged after the warm-up steps (compile included in those). TOKENS should be real text
+tokenized with the GPT-2 BPE (the document boundaries decide which attention tiles the tscale
+kernel skips), e.g. the benchmark corpus of DESIGN.md.
+
+Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>
+and arch_speed_ratio_<mode> = tscale / gpt2. The headline `throughput_ratio` stays the one of the
+convergence runs (docs/architecture.md); this measures the same ratio without a training run
+around it, so that a change of the step (the optimizer, CUDA graphs) can be timed alone.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, merge_metrics  # noqa: E402
+from lowprec_train import harmonic_rate  # noqa: E402
+
+import torch  # noqa: E402
+
+from tscale.config import load_config  # noqa: E402
+from tscale.train.loop import train_run  # noqa: E402
+
+ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml"}
+
+
+def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int) -> float:
+    """tokens/s of one preset in one compile mode, after `warmup` steps."""
+    cfg = load_config(REPO / ARCHS[arch], [
+        f"train.steps={warmup + steps}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
+        "train.ckpt_every=0", "train.log_every=5", "train.compile=true", f'train.compile_mode="{mode}"',
+        f'data.tokens="{tokens.resolve()}"'])
+    with tempfile.TemporaryDirectory() as tmp:
+        train_run(cfg, Path(tmp) / "run", quiet=True)
+        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    return harmonic_rate(records, warmup)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tokens", type=Path, help="token folder (tscale tokenize, GPT-2 BPE)")
+    ap.add_argument("--modes", nargs="+", default=["default", "reduce-overhead"],
+                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=10, help="steps before timing (compile included)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("arch_speed.py: needs a CUDA GPU (it times the compiled GPU step)")
+    if not (args.tokens / "manifest.json").is_file():
+        raise SystemExit(f"{args.tokens}: not a token folder (no manifest.json); make one with `tscale tokenize`")
+    metrics = {}
+    for mode in args.modes:
+        key = mode.replace("-", "_")
+        rates = {}
+        for arch in ARCHS:
+            rates[arch] = rate(arch, args.tokens, mode, args.steps, args.warmup, args.batch_size)
+            print(f"{arch} ({mode}): {rates[arch]:,.0f} tokens/s", flush=True)
+            metrics[f"arch_speed_tokens_per_s_{arch}_{key}"] = round(rates[arch])
+            torch.cuda.empty_cache()
+        metrics[f"arch_speed_ratio_{key}"] = round(rates["tscale"] / rates["gpt2"], 4)
+        print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
+    note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml on {args.tokens.name}, "
+            f"batch {args.batch_size} x 1024, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
+            f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")
+    print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")
+
+
+if __name__ == "__main__":
+    main()
