@@ -105,3 +105,24 @@ def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():
     assert lowprec_project.kernel_class("nvjet_sm90_qqtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT") == "fp8"
     assert lowprec_project.kernel_class("_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEE") == "int8"
     assert lowprec_project.kernel_class("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x3_nn_align8") == "bf16"
+
+
+def test_speed_run_stopped_part_way_keeps_the_recipes_it_measured(tmp_path, monkeypatch):
+    """A time limit that stops the run during its second recipe leaves the first one's rate in the record."""
+    real = lowprec_train.train_run
+    calls = []
+
+    def stopped_on_second(cfg, run_dir, **kw):
+        calls.append(run_dir)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("time limit")
+        return real(cfg, run_dir, **kw)
+
+    monkeypatch.setattr(lowprec_train, "train_run", stopped_on_second)
+    args = type("Args", (), dict(tiny=True, sizes=None, steps=2, warmup=1, compile_mode="default",
+                                 recipes=["bf16", "int8_rowwise"]))()
+    with pytest.raises(KeyboardInterrupt):
+        lowprec_train.speed(args, tmp_path)
+    record = json.loads((tmp_path / "lowprec.json").read_text())
+    assert set(record["metrics"]) == {"train_tokens_per_s_bf16_tiny"} and record["metrics"]["train_tokens_per_s_bf16_tiny"] > 0
+    assert record["notes"].endswith("measured: tiny bf16")

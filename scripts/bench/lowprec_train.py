@@ -95,10 +95,12 @@ def quality_diffs(losses: dict[str, float]) -> dict:
     return out
 
 
-def speed(args) -> tuple[dict, str]:
+def speed(args, out_dir: Path) -> tuple[dict, str]:
+    """Each size's recipes one after the other; the record is merged into out_dir after every recipe, so a
+    run stopped part-way (a time limit) keeps what it measured."""
     sizes = {"tiny": TINY} if args.tiny else {s: SIZES[s] for s in args.sizes}
     log_every = 1 if args.tiny else 5
-    metrics = {}
+    metrics, done = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for size, spec in sizes.items():
             config = REPO / spec["config"] if spec["config"] else None
@@ -118,13 +120,18 @@ def speed(args) -> tuple[dict, str]:
                 print(f"{label} {recipe}: {rates[recipe]:,.0f} tokens/s", flush=True)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-            metrics.update(speedups(rates, label))
-    notes = (f"speed {'+'.join(sizes)} (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, "
-             f"{args.steps} timed steps after {args.warmup}, "
-             f"{'CPU, no compile' if args.tiny else f'bf16 autocast + compile ({args.compile_mode} mode)'}, recipes "
-             f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, "
-             f"int8 = {HEADLINE['int8']}")
-    return metrics, notes
+                metrics.update(speedups(rates, label))
+                done.append(f"{label} {recipe}")
+                merge_metrics("lowprec", metrics, _speed_notes(args, sizes, done), out_dir)
+    return metrics, _speed_notes(args, sizes, done)
+
+
+def _speed_notes(args, sizes: dict, done: list[str]) -> str:
+    """The speed part's paragraph: what ran, and which runs finished."""
+    return (f"speed {'+'.join(sizes)} (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, "
+            f"{args.steps} timed steps after {args.warmup}, "
+            f"{'CPU, no compile' if args.tiny else f'bf16 autocast + compile ({args.compile_mode} mode)'}, recipes "
+            f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, int8 = {HEADLINE['int8']}; measured: {', '.join(done)}")
 
 
 def tscale(args: list, log: Path) -> None:
@@ -194,9 +201,10 @@ def main() -> None:
     if not args.tiny and not torch.cuda.is_available():
         sys.exit("lowprec_train: needs a CUDA GPU (or --tiny)")
     args.recipes = args.recipes or (RECIPES if args.mode == "speed" else ["bf16", *HEADLINE.values()])
-    metrics, notes = speed(args) if args.mode == "speed" else quality(args)
+    out_dir = args.out_dir or REPO / "docs" / "bench"
+    metrics, notes = speed(args, out_dir) if args.mode == "speed" else quality(args)
     print(json.dumps(metrics, indent=1))
-    print(merge_metrics("lowprec", metrics, notes, args.out_dir or REPO / "docs" / "bench"))
+    print(merge_metrics("lowprec", metrics, notes, out_dir))
 
 
 if __name__ == "__main__":
