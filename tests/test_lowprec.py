@@ -124,12 +124,15 @@ TOLERANCE = {
     "int8_rowwise": (0.015, 1e-6, 1e-6),  # backward in high precision: exact
     "int8_rowwise+int8_backward": (0.015, 0.03, 0.03),  # per-column scales over rows of unequal size
     "fp8_tensorwise+fast_accum": (0.06, 0.10, 0.10),  # fast accumulation in the forward product
+    "fp8_tensorwise+in_graph": (0.06, 0.10, 0.10),  # the same recipe as traceable torch ops
 }
 
 
 def _recipe(name):
     if name.endswith("int8_backward"):
         return get_recipe("int8_rowwise", True)
+    if name.endswith("in_graph"):
+        return get_recipe(name.split("+")[0], quantize_in_graph=True)
     if name.endswith("fast_accum"):
         return get_recipe(name.split("+")[0], fp8_fast_accum=True)
     return get_recipe(name)
@@ -208,6 +211,30 @@ def test_fast_accumulation_needs_an_fp8_recipe():
     assert load_config(None, ['precision.recipe="fp8_rowwise"', "precision.fp8_fast_accum=true"]).precision.fp8_fast_accum
 
 
+def test_in_graph_route_computes_what_the_custom_op_computes():
+    """Same quantised operands, same three products: the two routes of fp8_tensorwise agree to fp32 rounding."""
+    x, w, g = rand(48, 64, seed=20), rand(80, 64, seed=21) * 0.05, rand(48, 80, seed=22)
+    results = []
+    for recipe in (get_recipe("fp8_tensorwise"), get_recipe("fp8_tensorwise", quantize_in_graph=True)):
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = lowprec_matmul(xa, wa, recipe, torch.float32)
+        y.backward(g)
+        results.append((y, xa.grad, wa.grad))
+    assert results[1][0].abs().sum() > 0
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_in_graph_route_needs_fp8_tensorwise():
+    from tscale.errors import UserError
+
+    assert get_recipe("fp8_tensorwise", quantize_in_graph=True).in_graph
+    with pytest.raises(UserError, match="quantize_in_graph"):
+        get_recipe("int8_rowwise", quantize_in_graph=True)
+    with pytest.raises(UserError, match="quantize_in_graph needs"):
+        load_config(None, ['precision.recipe="fp8_rowwise"', "precision.quantize_in_graph=true"])
+
+
 @pytest.mark.parametrize("name", list(TOLERANCE))
 def test_converted_model_compiles_as_one_graph_and_matches_eager(name):
     """No graph break and one compilation for all the layers' shapes: the products' dispatch stays inside the op."""
@@ -263,10 +290,11 @@ def _train(tokens, run, *extra):
     return result, [r["loss"] for r in records if "loss" in r], seen
 
 
-@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_backward"])
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_backward", "fp8_in_graph"])
 def test_training_with_each_recipe_lowers_the_loss(tokens, tmp_path, recipe):
-    extra = ['precision.recipe="int8_rowwise"', "precision.int8_backward=true"] if recipe == "int8_backward" \
-        else [f'precision.recipe="{recipe}"']
+    extra = {"int8_backward": ['precision.recipe="int8_rowwise"', "precision.int8_backward=true"],
+             "fp8_in_graph": ['precision.recipe="fp8_tensorwise"', "precision.quantize_in_graph=true"]}.get(
+        recipe, [f'precision.recipe="{recipe}"'])
     result, loss, seen = _train(tokens, tmp_path / "run", "train.steps=10", *extra)
     assert sum(loss[-3:]) / 3 < sum(loss[:3]) / 3 - 0.3
     assert "LowPrecLinear" in seen["types"] and seen["dtypes"] == {torch.float32}  # fp32 master weights

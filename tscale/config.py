@@ -165,13 +165,17 @@ class PrecisionConfig(_Section):
     "int8_rowwise" run the products of every linear layer not named in `exclude` in fp8 / int8
     with fp32 master weights. `int8_backward` runs int8_rowwise's backward products in int8
     too (default: bf16). `fp8_fast_accum` uses the fp8 tensor cores' fast accumulation in the
-    forward product of an fp8 recipe (the two backward products keep exact fp32 sums). A name in
-    `exclude` matches any part of a module name; a glob (*, ?) matches the whole name.
+    forward product of an fp8 recipe (the two backward products keep exact fp32 sums).
+    `quantize_in_graph` (fp8_tensorwise only) writes the quantisation as plain torch ops and the
+    products as torch._scaled_mm instead of the custom op, so torch.compile can fuse the casts
+    with neighbouring kernels (tscale/precision/graph_matmul.py). A name in `exclude` matches any
+    part of a module name; a glob (*, ?) matches the whole name.
     """
 
     recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise"] = "bf16"
     int8_backward: bool = False
     fp8_fast_accum: bool = False
+    quantize_in_graph: bool = False
     exclude: list[str] = Field(default_factory=lambda: ["wte", "lm_head"])
 
     @model_validator(mode="after")
@@ -180,6 +184,8 @@ class PrecisionConfig(_Section):
             raise ValueError(f'precision.int8_backward needs precision.recipe = "int8_rowwise" (got "{self.recipe}")')
         if self.fp8_fast_accum and not self.recipe.startswith("fp8"):
             raise ValueError(f'precision.fp8_fast_accum needs an fp8 recipe (got "{self.recipe}")')
+        if self.quantize_in_graph and self.recipe != "fp8_tensorwise":
+            raise ValueError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" (got "{self.recipe}")')
         return self
 
 

@@ -22,7 +22,8 @@ Both merge their metrics into docs/bench/lowprec.json (the other metrics stay):
 chosen before measuring: the fastest products of each kind in the gemm benchmark),
 `train_tokens_per_s_<recipe>_<size>` and `train_speedup_<recipe>_<size>` for every recipe run
 (int8_rowwise_bwd: int8_rowwise with precision.int8_backward, all three products in int8;
-fp8_tensorwise_fastacc: fp8_tensorwise with precision.fp8_fast_accum), and `{fp8,int8}_val_loss_rel_diff`
+fp8_tensorwise_fastacc: fp8_tensorwise with precision.fp8_fast_accum; fp8_tensorwise_graph: fp8_tensorwise with
+precision.quantize_in_graph, its quantisation left to torch.compile), and `{fp8,int8}_val_loss_rel_diff`
 = (val loss of the recipe - val loss of bf16) / val loss of bf16 with `val_loss_<recipe>`.
 """
 
@@ -43,9 +44,11 @@ from tscale.config import load_config  # noqa: E402
 from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
-RECIPES = ["bf16", "fp8_tensorwise", "fp8_tensorwise_fastacc", "fp8_rowwise", "int8_rowwise", "int8_rowwise_bwd"]
+RECIPES = ["bf16", "fp8_tensorwise", "fp8_tensorwise_fastacc", "fp8_tensorwise_graph", "fp8_rowwise", "int8_rowwise",
+           "int8_rowwise_bwd"]
 INT8_BACKWARD = "int8_rowwise_bwd"  # int8_rowwise with its backward products in int8 too (precision.int8_backward)
 FP8_FAST_ACCUM = "fp8_tensorwise_fastacc"  # fp8_tensorwise with fast accumulation in its forward product
+FP8_IN_GRAPH = "fp8_tensorwise_graph"  # fp8_tensorwise quantised by traceable torch ops (precision.quantize_in_graph)
 HEADLINE = {"fp8": "fp8_tensorwise", "int8": "int8_rowwise"}
 SIZES = {
     "124m": {"config": "configs/gpt2-124m.toml", "sets": ["train.batch_size=32"]},
@@ -63,6 +66,8 @@ def recipe_sets(recipe: str) -> list[str]:
         return ['precision.recipe="int8_rowwise"', "precision.int8_backward=true"]
     if recipe == FP8_FAST_ACCUM:
         return ['precision.recipe="fp8_tensorwise"', "precision.fp8_fast_accum=true"]
+    if recipe == FP8_IN_GRAPH:
+        return ['precision.recipe="fp8_tensorwise"', "precision.quantize_in_graph=true"]
     return [f'precision.recipe="{recipe}"']
 
 

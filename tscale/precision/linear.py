@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from tscale.errors import UserError
 from tscale.ops.lowprec import quantize, scaled_mm
+from tscale.precision.graph_matmul import fp8_tensorwise_matmul
 from tscale.precision.recipes import Recipe, get_recipe
 
 
@@ -145,6 +146,8 @@ _matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 def lowprec_matmul(x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype) -> torch.Tensor:
     """y (M, N) = x (M, K) @ weight (N, K)^T with the recipe's low-precision products, forward and backward."""
+    if recipe.in_graph:
+        return fp8_tensorwise_matmul(x, weight, out_dtype, recipe.fast_accum)
     lowp_backward = recipe.grad_dtype is not None
     grad_dtype = recipe.grad_dtype if lowp_backward else recipe.fwd_dtype  # unused without a low-precision backward
     return _matmul_op(x, weight, recipe.fwd_dtype, grad_dtype, lowp_backward, recipe.rowwise, out_dtype,
@@ -201,13 +204,14 @@ def replace_linears(model: nn.Module, make, include=None, exclude=()) -> list[st
 
 
 def convert_linears(model: nn.Module, recipe: str | Recipe, include=None, exclude=("embedding", "head"),
-                    int8_backward: bool = False, fp8_fast_accum: bool = False) -> list[str]:
+                    int8_backward: bool = False, fp8_fast_accum: bool = False,
+                    quantize_in_graph: bool = False) -> list[str]:
     """Swap the chosen nn.Linear modules of `model` for LowPrecLinear in place; the names converted.
 
     recipe: "bf16" (nothing converted), "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", or a Recipe.
     include / exclude: module names (a plain word matches any part of a name, a glob the whole).
     """
-    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward, fp8_fast_accum)
+    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward, fp8_fast_accum, quantize_in_graph)
     if r is None:
         return []
     return replace_linears(model, lambda linear: LowPrecLinear(linear, r), include, exclude)

@@ -22,6 +22,7 @@ class Recipe:
     grad_dtype: torch.dtype | None
     rowwise: bool
     fast_accum: bool = False  # fp8 fast accumulation in the forward product (the backward's stay exact)
+    in_graph: bool = False  # quantisation as traceable torch ops (precision/graph_matmul.py), not the custom op
 
 
 RECIPES: dict[str, Recipe] = {
@@ -32,10 +33,13 @@ RECIPES: dict[str, Recipe] = {
 TRAIN_RECIPES = ("bf16", *RECIPES)
 
 
-def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = False) -> Recipe | None:
+def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = False,
+               quantize_in_graph: bool = False) -> Recipe | None:
     """The recipe called `name`; None for "bf16" (plain nn.Linear under the configured autocast)."""
     if fp8_fast_accum and not name.startswith("fp8"):
         raise UserError(f'precision.fp8_fast_accum needs an fp8 recipe (got "{name}")')
+    if quantize_in_graph and name != "fp8_tensorwise":
+        raise UserError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" (got "{name}")')
     if name == "bf16":
         if int8_backward:
             raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
@@ -47,6 +51,8 @@ def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = Fa
         if name != "int8_rowwise":
             raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
         return Recipe("int8_rowwise+int8_backward", torch.int8, torch.int8, rowwise=True)
-    if fp8_fast_accum:
-        return Recipe(f"{name}+fast_accum", recipe.fwd_dtype, recipe.grad_dtype, recipe.rowwise, fast_accum=True)
+    suffix = ("+fast_accum" if fp8_fast_accum else "") + ("+in_graph" if quantize_in_graph else "")
+    if suffix:
+        return Recipe(name + suffix, recipe.fwd_dtype, recipe.grad_dtype, recipe.rowwise, fast_accum=fp8_fast_accum,
+                      in_graph=quantize_in_graph)
     return recipe

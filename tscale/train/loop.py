@@ -184,7 +184,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
     convert_linears(model, cfg.precision.recipe, exclude=cfg.precision.exclude, int8_backward=cfg.precision.int8_backward,
-                    fp8_fast_accum=cfg.precision.fp8_fast_accum)
+                    fp8_fast_accum=cfg.precision.fp8_fast_accum, quantize_in_graph=cfg.precision.quantize_in_graph)
     if env.active:
         torch.manual_seed(cfg.train.seed + 1000 * env.rank)  # own dropout masks per rank
     loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world,
