@@ -7,6 +7,11 @@ At B*T = 32768 tokens (T 1024, B 32; T 4096, B 8), H heads of D = 128 (tscale-12
           tscale.ops.attention.flex_inputs, built once outside the timing, as a fair lower bound
           on what the flex path costs).
   causal  plain causal, no documents, no sink: kernel vs SDPA (is_causal=True; flash backend).
+  fa2     both masks again through torch's FlashAttention-2 (aten::_flash_attention_forward /
+          _backward; documents as a variable-length batch, the window as window_size_left, the
+          sink exact on top of it: scripts/bench/attention_fa2.py), to weigh building on it
+          against improving the kernel. Skipped, saying why, where this torch's FlashAttention
+          refuses the arguments or its result differs from the reference.
 Each timed call is forward + backward (torch.autograd.grad of the output with a fixed dO); times
 are medians of --repeats calls, each between two CUDA events, after --warmup calls. Before timing,
 the kernel (and flex) run once per shape over the whole batch and batch row 0 is checked against
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_fa2 import cu_seqlens, flash_masked  # noqa: E402
 from common import REPO, write_record  # noqa: E402
 
 from tscale.ops.attention import (_compiled_flex, attention_kernel, attention_reference, flex_inputs,  # noqa: E402
@@ -86,9 +92,10 @@ def visible_pairs(B: int, T: int, window: int, docs: torch.Tensor | None) -> int
     return int(seen.sum())
 
 
-def check(name: str, run_once, q, k, v, do, **kw) -> None:
+def check(name: str, run_once, q, k, v, do, fatal: bool = True, **kw) -> bool:
     """run_once() -> (out, dq, dk, dv) over the whole batch; batch row 0 against attention_reference. Exits on a
-    mismatch. (The reference materialises (H, T, T) scores, so one row is what it can afford at T = 4096.)"""
+    mismatch (returns False instead when not `fatal`). (The reference materialises (H, T, T) scores, so one row
+    is what it can afford at T = 4096.)"""
     got = [t[:1] for t in run_once()]
     ref_leaves = [t[:1].detach().float().requires_grad_() for t in (q, k, v)]
     docs = kw["doc_ids"]
@@ -98,9 +105,25 @@ def check(name: str, run_once, q, k, v, do, **kw) -> None:
         err = (a.float() - b).abs().max().item()
         bound = TOL * b.abs().max().item() + 1e-3
         if not (err <= bound):  # also catches NaN
-            sys.exit(f"attention_kernel bench: {name} {part} differs from attention_reference "
-                     f"(max error {err:.4g} > {bound:.4g}); not timing a wrong implementation")
+            message = (f"attention_kernel bench: {name} {part} differs from attention_reference "
+                       f"(max error {err:.4g} > {bound:.4g}); not timing a wrong implementation")
+            if fatal:
+                sys.exit(message)
+            print(message)
+            return False
     print(f"checked {name}: output and gradients match attention_reference")
+    return True
+
+
+def time_fa2(name: str, f, leaves, do, T: int, args, q, k, v, **kw) -> float | None:
+    """Median ms of FlashAttention-2's forward + backward, or None (with the reason printed) if it cannot serve."""
+    try:
+        if not check(name, outputs(f, leaves, do, T), q, k, v, do, fatal=False, **kw):
+            return None
+        return median_ms(fwd_bwd(f, leaves, do), args.warmup, args.repeats)
+    except RuntimeError as e:  # an older torch: no window arguments, or another log-sum-exp layout
+        print(f"{name}: skipped ({str(e).splitlines()[0]})")
+        return None
 
 
 def outputs(f, leaves, do, T: int):
@@ -159,6 +182,16 @@ def main() -> None:
         rows.append((T, B, "local", "kernel", t_kernel, flops / t_kernel / 1e9))
         rows.append((T, B, "local", "flex", t_flex, flops / t_flex / 1e9))
         speedups.append(t_flex / t_kernel)
+        cu, longest = cu_seqlens(docs, B, T)  # built once, untimed, like the BlockMask
+        cu = cu.to(dev)
+
+        def fa2_local(a, b, c):
+            return flash_masked(a, b, c, cu, longest, WINDOW, True, scale)
+
+        t_fa2 = time_fa2(f"fa2 local T={T}", fa2_local, leaves, do, T, args, q, k, v, **kw)
+        if t_fa2 is not None:
+            rows.append((T, B, "local", "fa2", t_fa2, flops / t_fa2 / 1e9))
+            metrics[f"T{T}_local_fa2_vs_kernel_speedup"] = t_kernel / t_fa2
 
         # causal: no window, no documents, no sink
         kw = dict(window=0, doc_ids=None, sink=False, scale=scale)
@@ -176,8 +209,17 @@ def main() -> None:
         rows.append((T, B, "causal", "kernel", t_kc, flops / t_kc / 1e9))
         rows.append((T, B, "causal", "sdpa", t_sdpa, flops / t_sdpa / 1e9))
         ratios.append(t_kc / t_sdpa)
+        cu_rows, _ = cu_seqlens(None, B, T)
+        cu_rows = cu_rows.to(dev)
 
-        for (t_, b_, mask, impl, ms, tflops) in rows[-4:]:
+        def fa2_causal(a, b, c):
+            return flash_masked(a, b, c, cu_rows, T, 0, False, scale)
+
+        t_fa2c = time_fa2(f"fa2 causal T={T}", fa2_causal, leaves, do, T, args, q, k, v, **kw)
+        if t_fa2c is not None:
+            rows.append((T, B, "causal", "fa2", t_fa2c, flops / t_fa2c / 1e9))
+
+        for (t_, b_, mask, impl, ms, tflops) in [r for r in rows if r[0] == T]:
             metrics[f"T{t_}_{mask}_{impl}_ms"] = ms
             metrics[f"T{t_}_{mask}_{impl}_tflops"] = tflops
         metrics[f"T{T}_kernel_vs_flex_speedup"] = t_flex / t_kernel
@@ -197,7 +239,11 @@ def main() -> None:
         notes = (f"B*T = {TOKENS} tokens, H = {H}, D = {D}, bf16, forward + backward, median of {args.repeats} "
                  f"CUDA-event timings. local = window {WINDOW} + random documents (mean length {args.doc_len}) + sink; "
                  f"flex timed with its BlockMask and sink slot prebuilt. causal = plain causal vs SDPA "
-                 f"(is_causal=True). Kernel checked against attention_reference at every shape before timing.")
+                 f"(is_causal=True). Kernel checked against attention_reference at every shape before timing. "
+                 f"fa2 = torch's FlashAttention-2 (aten::_flash_attention_forward / _backward) on the same masks "
+                 f"(scripts/bench/attention_fa2.py: documents as a varlen batch built outside the timing, "
+                 f"window_size_left = window - 1, exact sink on top), checked the same way; "
+                 f"T*_local_fa2_vs_kernel_speedup = kernel time / fa2 time.")
         path = write_record("attention_kernel", metrics, notes, args.out_dir)
         print(f"wrote {path}")
 
