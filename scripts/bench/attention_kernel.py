@@ -121,7 +121,7 @@ def time_fa2(name: str, f, leaves, do, T: int, args, q, k, v, **kw) -> float | N
         if not check(name, outputs(f, leaves, do, T), q, k, v, do, fatal=False, **kw):
             return None
         return median_ms(fwd_bwd(f, leaves, do), args.warmup, args.repeats)
-    except RuntimeError as e:  # an older torch: no window arguments, or another log-sum-exp layout
+    except (RuntimeError, TypeError) as e:  # an older torch: no window arguments, or another log-sum-exp layout
         print(f"{name}: skipped ({str(e).splitlines()[0]})")
         return None
 
