@@ -9,8 +9,9 @@ At B*T = 32768 tokens (T 1024, B 32; T 4096, B 8), H heads of D = 128 (tscale-12
   causal  plain causal, no documents, no sink: kernel vs SDPA (is_causal=True; flash backend).
   fa2     both masks again through torch's FlashAttention-2 (aten::_flash_attention_forward /
           _backward; documents as a variable-length batch, the window as window_size_left, the
-          sink exact on top of it: scripts/bench/attention_fa2.py), to weigh building on it
-          against improving the kernel. Skipped, saying why, where this torch's FlashAttention
+          sink exact on top of it: tscale/ops/attention_fa2.py, the model's `train.attention =
+          "fa2"`), to weigh it against the kernel; its (B, H, T, D) <-> (tokens, H, D) layout
+          copies are timed with it (the model's own layout needs none). Skipped, saying why, where this torch's FlashAttention
           refuses the arguments or its result differs from the reference.
 Each timed call is forward + backward (torch.autograd.grad of the output with a fixed dO); times
 are medians of --repeats calls, each between two CUDA events, after --warmup calls. Before timing,
@@ -36,11 +37,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention_fa2 import cu_seqlens, flash_masked  # noqa: E402
 from common import REPO, write_record  # noqa: E402
 
 from tscale.ops.attention import (_compiled_flex, attention_kernel, attention_reference, flex_inputs,  # noqa: E402
                                   kernel_unusable_reason)
+from tscale.ops.attention_fa2 import attention_fa2, doc_runs  # noqa: E402
 
 TOKENS = 32768
 D = 128
@@ -115,6 +116,12 @@ def check(name: str, run_once, q, k, v, do, fatal: bool = True, **kw) -> bool:
     return True
 
 
+def fa2_bhtd(q, k, v, runs, window: int, sink: bool, scale: float) -> torch.Tensor:
+    """attention_fa2 on (B, H, T, D) tensors, like the other columns."""
+    out = attention_fa2(*(t.transpose(1, 2) for t in (q, k, v)), runs, window=window, sink=sink, scale=scale)
+    return out.transpose(1, 2)  # (B, H, T, D)
+
+
 def time_fa2(name: str, f, leaves, do, T: int, args, q, k, v, **kw) -> float | None:
     """Median ms of FlashAttention-2's forward + backward, or None (with the reason printed) if it cannot serve."""
     try:
@@ -182,11 +189,12 @@ def main() -> None:
         rows.append((T, B, "local", "kernel", t_kernel, flops / t_kernel / 1e9))
         rows.append((T, B, "local", "flex", t_flex, flops / t_flex / 1e9))
         speedups.append(t_flex / t_kernel)
-        cu, longest = cu_seqlens(docs, B, T)  # built once, untimed, like the BlockMask
-        cu = cu.to(dev)
+        opens = torch.zeros(B, T, dtype=torch.bool)
+        opens[:, 1:] = (docs[:, 1:] != docs[:, :-1]).cpu()
+        runs = doc_runs(opens, B, T).to(dev)  # built once, untimed, like the BlockMask
 
         def fa2_local(a, b, c):
-            return flash_masked(a, b, c, cu, longest, WINDOW, True, scale)
+            return fa2_bhtd(a, b, c, runs, WINDOW, True, scale)
 
         t_fa2 = time_fa2(f"fa2 local T={T}", fa2_local, leaves, do, T, args, q, k, v, **kw)
         if t_fa2 is not None:
@@ -209,11 +217,10 @@ def main() -> None:
         rows.append((T, B, "causal", "kernel", t_kc, flops / t_kc / 1e9))
         rows.append((T, B, "causal", "sdpa", t_sdpa, flops / t_sdpa / 1e9))
         ratios.append(t_kc / t_sdpa)
-        cu_rows, _ = cu_seqlens(None, B, T)
-        cu_rows = cu_rows.to(dev)
+        rows_only = doc_runs(None, B, T).to(dev)
 
         def fa2_causal(a, b, c):
-            return flash_masked(a, b, c, cu_rows, T, 0, False, scale)
+            return fa2_bhtd(a, b, c, rows_only, 0, False, scale)
 
         t_fa2c = time_fa2(f"fa2 causal T={T}", fa2_causal, leaves, do, T, args, q, k, v, **kw)
         if t_fa2c is not None:
@@ -241,7 +248,7 @@ def main() -> None:
                  f"flex timed with its BlockMask and sink slot prebuilt. causal = plain causal vs SDPA "
                  f"(is_causal=True). Kernel checked against attention_reference at every shape before timing. "
                  f"fa2 = torch's FlashAttention-2 (aten::_flash_attention_forward / _backward) on the same masks "
-                 f"(scripts/bench/attention_fa2.py: documents as a varlen batch built outside the timing, "
+                 f"(tscale/ops/attention_fa2.py: documents as a varlen batch built outside the timing, "
                  f"window_size_left = window - 1, exact sink on top), checked the same way; "
                  f"T*_local_fa2_vs_kernel_speedup = kernel time / fa2 time.")
         path = write_record("attention_kernel", metrics, notes, args.out_dir)

@@ -1,0 +1,98 @@
+"""tscale.ops.attention_fa2 (FlashAttention-2 under the tscale mask) against attention_reference, with a reference FlashAttention.
+
+The aten FlashAttention ops run on CUDA only; here a float64 stand-in with their varlen contract
+(tokens x heads layout, (H, tokens) log-sum-exp, a backward that reads the output only through
+rowsum(dO * O)) replaces them, so the layouts, window offset, document runs, padding runs and
+the sink's forward scaling and backward substitution are checked on the CPU; the GPU test runs
+the real ops.
+"""
+
+import pytest
+import torch
+
+from tscale.ops import attention_fa2
+from tscale.ops.attention import attention_reference
+
+
+def _visible(cu, max_len, left, T_total):
+    """(tokens, tokens) bool: same sequence, causal, and within `left` keys before the query (-1: no limit)."""
+    seq = torch.zeros(T_total, dtype=torch.long)
+    for i in range(len(cu) - 1):
+        seq[cu[i]:cu[i + 1]] = i
+    pos = torch.arange(T_total)
+    ok = (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
+    if left >= 0:
+        ok &= pos[:, None] - pos[None, :] <= left
+    return ok
+
+
+def _fake_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout, causal, debug, *, scale, window_size_left,
+                  window_size_right):
+    assert causal and window_size_right == 0 and dropout == 0.0
+    ok = _visible(cu_q.tolist(), max_q, window_size_left, q.shape[0])  # (tokens, tokens)
+    s = torch.einsum("ihd,jhd->hij", q.double(), k.double()) * scale  # (H, tokens, tokens)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, -1)  # (H, tokens)
+    out = torch.einsum("hij,jhd->ihd", torch.exp(s - lse[..., None]), v.double())  # (tokens, H, D)
+    empty = torch.empty(0)
+    return out.to(q.dtype), lse.float(), empty, empty, empty
+
+
+def _fake_backward(g, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout, causal, rng, unused, *, scale,
+                   window_size_left, window_size_right):
+    ok = _visible(cu_q.tolist(), max_q, window_size_left, q.shape[0])
+    s = torch.einsum("ihd,jhd->hij", q.double(), k.double()) * scale
+    p = torch.exp(s.masked_fill(~ok, float("-inf")) - lse.double()[..., None])  # (H, tokens, tokens)
+    dp = torch.einsum("ihd,jhd->hij", g.double(), v.double())
+    delta = (g.double() * out.double()).sum(-1).t()  # (H, tokens): what FlashAttention reads of `out`
+    ds = p * (dp - delta[..., None])
+    dq = torch.einsum("hij,jhd->ihd", ds, k.double()) * scale
+    dk = torch.einsum("hij,ihd->jhd", ds, q.double()) * scale
+    dv = torch.einsum("hij,ihd->jhd", p, g.double())
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+def _compare(window, docs, sink, device="cpu", dtype=torch.float64, tol=1e-5):
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D = 2, 3, 12, 8
+    q, k, v, do = (torch.randn(B, T, H, D, generator=g, dtype=torch.float64) for _ in range(4))
+    opens = torch.rand(B, T, generator=g) < 0.25 if docs else None
+    runs = attention_fa2.doc_runs(opens, B, T, bucket=4).to(device)
+    leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+    out = attention_fa2.attention_fa2(*leaves, runs, window=window, sink=sink, scale=D ** -0.5)  # (B, T, H, D)
+    got = (out, *torch.autograd.grad(out, leaves, do.to(device, dtype)))
+    ref_leaves = [t.transpose(1, 2).clone().requires_grad_() for t in (q, k, v)]  # (B, H, T, D)
+    doc_ids = opens.long().cumsum(1) if docs else None
+    ref = attention_reference(*ref_leaves, window=window, doc_ids=doc_ids, sink=sink, scale=D ** -0.5)
+    want = (ref, *torch.autograd.grad(ref, ref_leaves, do.transpose(1, 2)))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu().double(), b.transpose(1, 2).double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("window,docs,sink", [(0, False, False), (5, True, True), (0, True, True), (3, False, True)])
+def test_matches_the_reference_with_a_stand_in_flash_attention(monkeypatch, window, docs, sink):
+    monkeypatch.setattr(attention_fa2, "flash_forward", _fake_forward)
+    monkeypatch.setattr(attention_fa2, "flash_backward", _fake_backward)
+    _compare(window, docs, sink)  # the reference computes in float32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window,docs,sink", [(0, False, False), (5, True, True), (0, True, False)])
+def test_cuda_flash_attention_matches_the_reference(window, docs, sink):
+    reason = attention_fa2.fa2_unusable_reason(torch.device("cuda"), torch.bfloat16, 8)
+    if reason:
+        pytest.skip(reason)
+    _compare(window, docs, sink, device="cuda", dtype=torch.bfloat16, tol=3e-2)
+
+
+def test_runs_open_at_row_starts_and_documents_and_pad_with_empty_runs():
+    opens = torch.tensor([[False, False, True, False, False], [False, False, False, False, False]])
+    runs = attention_fa2.doc_runs(opens, 2, 5, bucket=4)
+    assert runs.cu.tolist() == [0, 2, 5, 10, 10] and runs.cu.dtype == torch.int32 and runs.max_len == 5
+    runs = attention_fa2.doc_runs(None, 3, 4, bucket=64)
+    assert runs.cu.tolist()[:3] == [0, 4, 8] and len(runs.cu) == 65 and set(runs.cu.tolist()[3:]) == {12}
+    assert runs.max_len == 4
+
+
+def test_unusable_reasons_name_what_is_missing():
+    assert "CUDA" in attention_fa2.fa2_unusable_reason(torch.device("cpu"), torch.bfloat16, 128)
