@@ -120,6 +120,9 @@ class TrainConfig(_Section):
     # torch.compile's mode; "reduce-overhead" replays each step's kernels as CUDA graphs, so a step whose
     # layers launch many small kernels from Python (the low-precision recipes) no longer waits on the CPU
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    # the training steps' attention (tscale architecture): "auto" is tscale.ops.attention's choice (the fused
+    # kernel on a GPU); "fa2" is torch's FlashAttention-2 over the batch's document runs (tscale/ops/attention_fa2.py)
+    attention: Literal["auto", "fa2"] = "auto"
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)
     ckpt_every: int = Field(500, ge=0)

@@ -6,7 +6,8 @@ head, logit soft-capping, an attention sink (softmax plus one), attention that n
 a document boundary (documents end with the eos token; the eos token opens the next document,
 like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
 layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
-Attention goes through tscale.ops.attention only. Built with an enabled IndexConfig, it also
+Attention goes through tscale.ops.attention, or, for training steps given the batch's document
+runs (`train.attention = "fa2"`), through tscale.ops.attention_fa2. Built with an enabled IndexConfig, it also
 holds the token index's input embeddings (added before the embedding normalisation) and/or
 output mixture (tscale/model/index_adapter.py).
 """
@@ -20,6 +21,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
 from tscale.ops.attention import attention
+from tscale.ops.attention_fa2 import DocRuns, attention_fa2
 
 VOCAB_MULTIPLE = 64
 
@@ -67,7 +69,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, rope: tuple | None, doc_ids: torch.Tensor | None, layer: int,
-                cache: KVCache | None) -> torch.Tensor:
+                cache: KVCache | None, runs: DocRuns | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         H, D = self.n_head, self.head_dim
         q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # 3 x (B, T, H, D)
@@ -76,6 +78,9 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
+        if runs is not None:  # FlashAttention-2 over the batch's document runs, in this (B, T, H, D) layout
+            y = attention_fa2(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)
+            return F.dropout(self.proj(y.reshape(B, T, H * D)), self.cfg.dropout, self.training)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, pos+T, D)
@@ -110,8 +115,8 @@ class Block(nn.Module):
         self.norm_2 = _norm(cfg, cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, doc_ids, layer: int, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.attn(self.norm_1(x), rope, doc_ids, layer, cache)
+    def forward(self, x, rope, doc_ids, layer: int, cache: KVCache | None, runs: DocRuns | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), rope, doc_ids, layer, cache, runs)
         return x + self.mlp(self.norm_2(x))
 
 
@@ -163,8 +168,11 @@ class TScaleLM(nn.Module):
         return KVCache(c.n_layer, batch, c.n_head, max_len, c.head_dim, device, dtype)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
-                targets: torch.Tensor | None = None) -> torch.Tensor:
+                targets: torch.Tensor | None = None, runs: DocRuns | None = None) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
+
+        runs: idx's document runs (tscale.ops.attention_fa2.doc_runs, by the model.doc_mask rule),
+        to run attention through FlashAttention-2; training steps only (no cache).
 
         index: the token index's features of these positions (models built with the index need
         them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
@@ -185,12 +193,14 @@ class TScaleLM(nn.Module):
         else:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         x = F.dropout(x, c.dropout, self.training)
+        if runs is not None and cache is not None:
+            raise ValueError("document runs (FlashAttention-2) are for training steps, not cached decoding")
         doc_ids = None
-        if c.doc_mask:
+        if c.doc_mask and runs is None:
             starts = idx == c.eos_id  # (B, T): eos ends a document and opens the next
             doc_ids = cache.doc_ids(starts) if cache is not None else starts.long().cumsum(1)  # (B, pos+T)
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, doc_ids, i, cache)
+            x = block(x, rope, doc_ids, i, cache, runs)
         if cache is not None:
             cache.advance(T)
         hidden = self.norm_f(x)  # (B, T, C)

@@ -36,6 +36,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
+from tscale.ops.attention_fa2 import DocRuns, doc_runs, fa2_unusable_reason
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears
@@ -205,13 +206,29 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None) if env.is_main else NullLog()
 
-    def forward_loss(x: torch.Tensor, y: torch.Tensor, feats: IndexFeatures | None = None) -> torch.Tensor:
-        """(B, T) ids [+ index features] -> scalar; one graph under compile, logits never kept."""
+    def forward_loss(x: torch.Tensor, y: torch.Tensor, feats: IndexFeatures | None = None,
+                     runs: DocRuns | None = None) -> torch.Tensor:
+        """(B, T) ids [+ index features] [+ document runs] -> scalar; one graph under compile, logits never kept."""
+        extra = {"runs": runs} if runs is not None else {}
         if feats is None:
-            return mean_loss(replicas.module(x), y)
+            return mean_loss(replicas.module(x, **extra), y)
         if cfg.index.dropout:
             feats = feats.drop_windows(cfg.index.dropout)
-        return replicas.module(x, index=feats, targets=y).mean()
+        return replicas.module(x, index=feats, targets=y, **extra).mean()
+
+    fa2 = cfg.train.attention == "fa2"
+    if fa2:
+        why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale"
+               else fa2_unusable_reason(device, amp_dtype or torch.float32, cfg.model.head_dim))
+        if why:
+            raise UserError(f'train.attention = "fa2": {why}; use train.attention = "auto"')
+
+    def batch_runs(x: torch.Tensor) -> DocRuns | None:
+        """The document runs of a host batch x (B, T) for FlashAttention-2, on the device; None without fa2."""
+        if not fa2:
+            return None
+        opens = (x == cfg.model.eos_id) if cfg.model.doc_mask else None
+        return doc_runs(opens, *x.shape).to(device, non_blocking=True)
 
     mode = cfg.train.compile_mode  # "default" is torch's own default
     step_loss = torch.compile(forward_loss, mode=None if mode == "default" else mode) if cfg.train.compile else forward_loss
@@ -244,7 +261,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     def no_match() -> IndexFeatures | None:
         return IndexFeatures.empty(cfg.train.batch_size, cfg.model.seq_len, cfg.index.topk, device) if features else None
 
-    replicas.prime(lambda: step_loss(zeros(), zeros(), no_match()).backward())
+    prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len).to(device) if fa2 else None
+    replicas.prime(lambda: step_loss(zeros(), zeros(), no_match(), runs=prime_runs).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
         t_log, step_at_log = time.time(), step
@@ -255,12 +273,14 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                 group["lr"] = lr
             replicas.begin_step(step)
             for micro in range(cfg.train.grad_accum):
-                batch = [t.to(device, non_blocking=True) for t in loader.next_batch(pin=device.type == "cuda")]
+                host = loader.next_batch(pin=device.type == "cuda")
+                runs = batch_runs(host[0])  # from the host's ids: the step never waits on the device for them
+                batch = [t.to(device, non_blocking=True) for t in host]
                 with replicas.sync_unless(micro < cfg.train.grad_accum - 1):
                     if graphs:  # a new forward + backward: the previous replay's outputs are done with
                         torch.compiler.cudagraph_mark_step_begin()
                     with autocast():
-                        loss = step_loss(*batch) / cfg.train.grad_accum
+                        loss = step_loss(*batch, runs=runs) / cfg.train.grad_accum
                     loss.backward()
                 loss_sum += loss.detach()
             clip = cfg.optim.grad_clip if replicas.clips() else 0.0
