@@ -93,3 +93,16 @@ def test_report_keeps_the_other_parts_metrics(tmp_path):
     assert "[convergence] old run" in notes and "old attention" not in notes
     assert "attention_kernel.json absent" in notes
     assert "| attention_time_ratio_1024 | 0.5 | <= 0.5 | yes |" in table
+
+
+def test_fa2_attention_is_reported_beside_the_headline_not_over_it(tmp_path):
+    """A run of `architecture.py attention --attention fa2` adds attention_fa2_* and leaves attention_* alone."""
+    previous = {"metrics": {"attention_time_ratio_1024": 0.9}, "notes": "[attention] the default op"}
+    (tmp_path / "architecture.json").write_text(json.dumps(previous))
+    fa2 = {"1024": {"tscale_s": 0.001, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
+                    "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
+                    "path": "FlashAttention-2"}}
+    metrics, notes, table = report_architecture.build_report({"attention_fa2": fa2}, tmp_path, None)
+    assert metrics["attention_time_ratio_1024"] == 0.9 and metrics["attention_fa2_time_ratio_1024"] == pytest.approx(0.25)
+    assert "[attention] the default op" in notes and "[attention_fa2]" in notes and "FlashAttention-2" in notes
+    assert "| attention_fa2_time_ratio_1024 | 0.25 | | |" in table

@@ -185,6 +185,12 @@ def cmd_attention(args, s: Scale) -> None:
 
     results = Results(args.work)
     out, path = {}, None
+    if args.attention == "fa2":
+        from tscale.ops.attention_fa2 import fa2_unusable_reason
+
+        why = fa2_unusable_reason(resolve_device("auto"), torch.bfloat16, 128)
+        if why:
+            raise SystemExit(f"architecture.py attention --attention fa2: {why}")
     for seq_len in s.attn_seq_lens:
         batch = max(1, s.attn_tokens // seq_len)
         overrides = [f"model.seq_len={seq_len}", f'data.tokens="{args.tokens}"',
@@ -203,7 +209,7 @@ def cmd_attention(args, s: Scale) -> None:
         t0 = time.time()
         cost = attention_step_cost(model, x.to(device), resolve_autocast_dtype(cfg.train.dtype, device),
                                    1 if args.warm else s.attn_repeats, warmup=1 if args.warm else 3,
-                                   compile_ops=s.attn_compile and device.type == "cuda")
+                                   compile_ops=s.attn_compile and device.type == "cuda", impl=args.attention)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -218,7 +224,7 @@ def cmd_attention(args, s: Scale) -> None:
               f"ratio {cost['tscale_s'] / cost['sdpa_s']:.3f} ({path}; {cost['dtype']}, "
               f"{cost['docs_per_row']:.2f} documents per row; {time.time() - t0:.0f} s)", flush=True)
     if not args.warm:
-        results.put("attention", out)
+        results.put("attention" if args.attention == "auto" else f"attention_{args.attention}", out)
 
 
 def cmd_report(args, s: Scale) -> None:
@@ -243,6 +249,8 @@ def main() -> None:
     ap.add_argument("--max-ratio", type=float, help="tscale's schedule spans this fraction of B [0.5; tiny: 1.0]")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized models and budgets (plumbing check)")
     ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
+    ap.add_argument("--attention", choices=["auto", "fa2"], default="auto",
+                    help="attention: the tscale model's op, as train.attention chooses it [auto]")
     ap.add_argument("--verbose", action="store_true", help="show the training progress lines")
     args = ap.parse_args()
     s = TINY if args.tiny else FULL

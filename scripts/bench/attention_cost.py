@@ -8,7 +8,10 @@ twice on the same q, k, v: through the op the model calls (whatever tscale.ops p
 path it reported is returned), in the dtype the model hands it, and through
 F.scaled_dot_product_attention(is_causal=True) in the autocast dtype (bf16 on CUDA: the flash
 kernel GPT-2 runs), the "same model with full causal attention in every layer". Both are
-wrapped in torch.compile on CUDA, as in training; CUDA events time them.
+wrapped in torch.compile on CUDA, as in training; CUDA events time them. With impl "fa2" the
+model's side runs tscale.ops.attention_fa2 instead (`train.attention = "fa2"`), on the (B, T,
+H, D) layout the layer makes and over the document runs of the recorded ids, built outside the
+timing as the training loop builds them before a step.
 """
 
 import logging
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
+from tscale.ops.attention_fa2 import attention_fa2, doc_runs
 
 
 class _Messages(logging.Handler):
@@ -78,6 +82,21 @@ def _tscale_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
     return tscale_lm.attention(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
 
 
+def _fa2_op(q, k, v, runs, window: int, sink: bool, scale: float):
+    return attention_fa2(q, k, v, runs, window=window, sink=sink, scale=scale)  # (B, T, H, D), the layer's layout
+
+
+def _runs(call: dict, device: torch.device):
+    """The document runs of a recorded call's ids, as the training loop builds them (on the host)."""
+    B, T = call["q"].shape[0], call["q"].shape[2]
+    docs = call["doc_ids"]
+    opens = None
+    if docs is not None:
+        opens = torch.zeros(B, T, dtype=torch.bool)
+        opens[:, 1:] = (docs[:, 1:] != docs[:, :-1]).cpu()
+    return doc_runs(opens, B, T).to(device)
+
+
 def _sdpa_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -92,7 +111,7 @@ def time_call(op, call: dict, device: torch.device, repeats: int, warmup: int = 
               dtype: torch.dtype | None = None) -> float:
     """Seconds for forward + backward of one recorded call through `op`, its q, k, v cast to `dtype` if given."""
     q, k, v = (_leaf(call[n], dtype) for n in ("q", "k", "v"))
-    args = (call["doc_ids"], call["window"], call["sink"], call["scale"])
+    args = (call.get("runs", call["doc_ids"]), call["window"], call["sink"], call["scale"])
     grad = torch.randn_like(op(q, k, v, *args))
 
     def step():
@@ -103,15 +122,23 @@ def time_call(op, call: dict, device: torch.device, repeats: int, warmup: int = 
 
 
 def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, repeats: int,
-                        compile_ops: bool, warmup: int = 3) -> dict:
+                        compile_ops: bool, warmup: int = 3, impl: str = "auto") -> dict:
     """Seconds of all attention (forward + backward) in one step over idx (B, T): tscale op vs causal SDPA.
 
+    impl "auto": the op the model calls by default; "fa2": tscale.ops.attention_fa2 (train.attention = "fa2").
     warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed run).
     """
     device = idx.device
     calls = record_attention_calls(model, idx, amp_dtype)
-    said = op_path(calls[0])
-    ours = torch.compile(_tscale_op, dynamic=False) if compile_ops else _tscale_op
+    if impl == "fa2":
+        said = "torch's FlashAttention-2 over the document runs (tscale.ops.attention_fa2)"
+        for call in calls:
+            call["runs"] = _runs(call, device)
+        op = _fa2_op
+    else:
+        said = op_path(calls[0])
+        op = _tscale_op
+    ours = torch.compile(op, dynamic=False) if compile_ops else op
     sdpa = torch.compile(_sdpa_op, dynamic=False) if compile_ops else _sdpa_op
     per_layer = []
     for call in calls:

@@ -8,7 +8,8 @@
 #   Part 1: gpt2 124M for B = 100M tokens, then tscale 124M until it reaches gpt2's final val loss
 #           (convergence + throughput). The compile warm-ups of both models run beside tokenizing.
 #   Part 2: attention cost of one training step at T = 1024 and 4096 (its compile warm-up runs
-#           beside tokenizing), then the ablation table.
+#           beside tokenizing), through the default op and through FlashAttention-2
+#           (train.attention = "fa2", reported as attention_fa2_*), then the ablation table.
 # Each part writes docs/bench/architecture.json (keeping the metrics of the other part found in
 # that file: copy part 1's $OUT/architecture.json to docs/bench/ before part 2) and, in part 2,
 # docs/bench/ablation.json; results, tables, logs and the runs' metrics go to $OUT as well.
@@ -114,6 +115,8 @@ elif [ "$part" = 2 ]; then
   cat "$work/logs/warm-attention.log" || true
   say "attention cost"
   bounded python $bench/architecture.py attention "${common[@]}" || say "attention benchmark failed"
+  say "attention cost through FlashAttention-2 (train.attention = fa2)"
+  bounded python $bench/architecture.py attention --attention fa2 "${common[@]}" || say "fa2 attention benchmark failed"
   say "ablation runs"
   bounded python $bench/ablation.py run --work "$work" --deadline "$deadline" "${flags[@]}" "${ablation_flags[@]}" \
     || say "ablation runner failed"

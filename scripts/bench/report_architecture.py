@@ -109,15 +109,17 @@ def convergence_part(results: dict) -> tuple[dict, dict]:
     return m, notes
 
 
-def attention_part(results: dict) -> tuple[dict, dict]:
-    att = results.get("attention")
+def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
+    """Metrics and note of one attention measurement: key "attention" (the default op) or "attention_fa2"
+    (train.attention = "fa2"; its metrics are named attention_fa2_*, beside the headline's)."""
+    att = results.get(key)
     if not att:
         return {}, {}
     m, pieces = {}, []
     for seq_len, c in att.items():
-        m[f"attention_time_ratio_{seq_len}"] = round(c["tscale_s"] / c["sdpa_s"], 4)
-        m[f"attention_ms_tscale_{seq_len}"] = round(1e3 * c["tscale_s"], 3)
-        m[f"attention_ms_sdpa_{seq_len}"] = round(1e3 * c["sdpa_s"], 3)
+        m[f"{key}_time_ratio_{seq_len}"] = round(c["tscale_s"] / c["sdpa_s"], 4)
+        m[f"{key}_ms_tscale_{seq_len}"] = round(1e3 * c["tscale_s"], 3)
+        m[f"{key}_ms_sdpa_{seq_len}"] = round(1e3 * c["sdpa_s"], 3)
         layers = ", ".join(f"{n} x {'global' if w == '0' else 'window ' + w}" for w, n in c["windows"].items())
         pieces.append(f"T={seq_len}: B={c['batch_size']}, {layers}, {c['docs_per_row']:.2f} documents per row")
     first = next(iter(att.values()))
@@ -127,7 +129,7 @@ def attention_part(results: dict) -> tuple[dict, dict]:
             f"real boundaries); path: {first['path']}; baseline: F.scaled_dot_product_attention(is_causal=True) "
             f"on the same q, k, v in {first.get('sdpa_dtype', first['dtype'])} in every layer; both "
             f"torch.compile'd, CUDA events. " + "; ".join(pieces) + ".")
-    return m, {"attention": note}
+    return m, {key: note}
 
 
 def kernel_part(out_dir: Path) -> tuple[dict, dict]:
@@ -157,7 +159,9 @@ def _previous(out_dir: Path) -> tuple[dict, dict]:
 def _owned(part: str) -> Callable[[str], bool]:
     """Which metric keys a part writes (and so replaces when it is measured again)."""
     if part == "attention":
-        return lambda k: k.startswith("attention_")
+        return lambda k: k.startswith("attention_") and not k.startswith("attention_fa2_")
+    if part == "attention_fa2":
+        return lambda k: k.startswith("attention_fa2_")
     if part == "kernel":
         return lambda k: k in KERNEL_KEYS
     return lambda k: not k.startswith("attention_") and k not in KERNEL_KEYS
@@ -167,7 +171,7 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
     """(metrics, notes, markdown table): this call's parts replace the previous record's, the rest is kept."""
     metrics, notes = _previous(out_dir)
     for part, (m, n) in (("convergence", convergence_part(results)), ("attention", attention_part(results)),
-                         ("kernel", kernel_part(out_dir))):
+                         ("attention_fa2", attention_part(results, "attention_fa2")), ("kernel", kernel_part(out_dir))):
         if not n:
             continue
         owned = _owned(part)
@@ -176,7 +180,7 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
         notes.update(n)
     notes["run"] = ("scripts/bench/issue3_gpu.sh 1 (convergence, throughput), then 2 (attention; the ablation is "
                     "docs/bench/ablation.json); protocol in docs/architecture.md.")
-    order = ["convergence", "throughput", "attention", "kernel", "run"]
+    order = ["convergence", "throughput", "attention", "attention_fa2", "kernel", "run"]
     text = "\n".join(f"[{tag}] {notes[tag]}" for tag in order + sorted(set(notes) - set(order)) if tag in notes)
     return metrics, text, markdown_table(metrics)
 
@@ -189,6 +193,7 @@ def markdown_table(metrics: dict) -> str:
             lines.append(f"| {key} | {metrics[key]} | {target} | {met} |")
         else:
             lines.append(f"| {key} | (not measured) | {target} | |")
-    for key in sorted(k for k in metrics if k.startswith("attention_time_ratio_") and k not in METRIC_TARGETS):
-        lines.append(f"| {key} | {metrics[key]} | | |")  # other sequence lengths (--tiny)
+    extra = ("attention_time_ratio_", "attention_fa2_time_ratio_")  # other sequence lengths (--tiny), and fa2
+    for key in sorted(k for k in metrics if k.startswith(extra) and k not in METRIC_TARGETS):
+        lines.append(f"| {key} | {metrics[key]} | | |")
     return "\n".join(lines)
