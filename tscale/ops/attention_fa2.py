@@ -33,7 +33,9 @@ def flash_backward(*args, **kwargs):
 
 @dataclass
 class DocRuns:
-    """The sequences of a (B, T) batch for FlashAttention's varlen form: offsets (N + 1,) int32, longest run."""
+    """The sequences of a (B, T) batch for FlashAttention's varlen form: offsets (N + 1,) int32, and the bound on
+    their length FlashAttention sizes its grid by: T, whatever the batch (a per-batch value would make
+    torch.compile specialise on it and recompile every step)."""
 
     cu: torch.Tensor
     max_len: int
@@ -45,7 +47,7 @@ class DocRuns:
 def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET) -> DocRuns:
     """The runs of a (B, T) batch: opens (B, T) bool, True where a document opens (the model's rule: at an
     eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
-    at 0. Offsets padded with empty runs to a multiple of `bucket`."""
+    at 0. Offsets padded with empty runs to a multiple of `bucket`; max_len is T."""
     new = torch.zeros(B, T, dtype=torch.bool)
     new[:, 0] = True
     if opens is not None:
@@ -54,8 +56,7 @@ def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKE
     n = starts.numel()
     cu = torch.full((-(-n // bucket) * bucket + 1,), B * T, dtype=torch.int32)
     cu[:n] = starts.to(torch.int32)
-    longest = int((torch.cat([starts[1:], torch.tensor([B * T])]) - starts).max())
-    return DocRuns(cu, longest)
+    return DocRuns(cu, T)
 
 
 class _FlashMasked(torch.autograd.Function):
