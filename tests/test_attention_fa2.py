@@ -99,38 +99,63 @@ def test_unusable_reasons_name_what_is_missing():
     assert "CUDA" in attention_fa2.fa2_unusable_reason(torch.device("cpu"), torch.bfloat16, 128)
 
 
+def _tiny_tscale_args(tmp_path, shakespeare_jsonl) -> list[str]:
+    """A 2-layer tscale model on Shakespeare whose eos is the most frequent token (many documents per window)."""
+    import numpy as np
+
+    from tscale.data.shards import TokenFolder
+    from tscale.data.tokenize import tokenize_corpus
+
+    tokens = tmp_path / "tokens"
+    tokenize_corpus([shakespeare_jsonl], tokens, vocab_size=512, quiet=True)
+    train_ids = TokenFolder(tokens).shards("train")[0].tokens
+    frequent = int(np.bincount(train_ids[:200_000]).argmax())
+    return ['model.arch="tscale"', "model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.head_dim=16",
+            "model.seq_len=64", "model.window=8", "model.global_every=2", f"model.eos_id={frequent}",
+            "train.batch_size=4", "model.zero_init=false", "optim.warmup_steps=0", "optim.lr=3e-3",
+            "train.eval_every=0", "train.ckpt_every=0", "train.log_every=1", "train.steps=4", f'data.tokens="{tokens}"']
+
+
+def _losses(run) -> list[float]:
+    import json
+
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_training_through_fa2_follows_the_kernel(tmp_path, shakespeare_jsonl, mode):
+    from tscale.config import load_config
+    from tscale.train.loop import train_run
+
+    args = [*_tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
+    curves = {}
+    for impl in ("auto", "fa2"):
+        train_run(load_config(None, [*args, f'train.attention="{impl}"']), tmp_path / impl, quiet=True)
+        curves[impl] = _losses(tmp_path / impl)
+    torch.testing.assert_close(curves["fa2"], curves["auto"], rtol=2e-2, atol=0)  # bf16, two kernels
+
+
 def test_training_through_fa2_follows_the_default_attention(monkeypatch, tmp_path, shakespeare_jsonl):
     """train.attention = "fa2" (stand-in FlashAttention on the CPU): the tscale model's losses, documents, window and
     sink included, are the default path's; and the choice is refused where it cannot run. The most frequent token
     plays the model's eos, so that every window holds many documents."""
-    import json
-
     from tscale.config import load_config
-    from tscale.data.shards import TokenFolder
-    from tscale.data.tokenize import tokenize_corpus
     from tscale.errors import UserError
     from tscale.train import loop
     from tscale.train.loop import train_run
 
-    tokens = tmp_path / "tokens"
-    tokenize_corpus([shakespeare_jsonl], tokens, vocab_size=512, quiet=True)
-    import numpy as np
-
-    train_ids = TokenFolder(tokens).shards("train")[0].tokens
-    frequent = int(np.bincount(train_ids[:200_000]).argmax())  # as the model's eos: documents every few tokens
-    args = ['model.arch="tscale"', "model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.head_dim=16",
-            "model.seq_len=64", "model.window=8", "model.global_every=2", f"model.eos_id={frequent}", "train.batch_size=4",
-            "model.zero_init=false", "optim.warmup_steps=0", "optim.lr=3e-3", "train.eval_every=0", "train.ckpt_every=0",
-            "train.log_every=1", "train.steps=4", f'data.tokens="{tokens}"']
+    args = _tiny_tscale_args(tmp_path, shakespeare_jsonl)
     with pytest.raises(UserError, match="needs a CUDA GPU"):
-        train_run(load_config(None, [*args, 'train.attention="fa2"']), tmp_path / "refused", quiet=True)
+        train_run(load_config(None, [*args, 'train.attention="fa2"', 'train.device="cpu"']), tmp_path / "refused",
+                  quiet=True)
     monkeypatch.setattr(attention_fa2, "flash_forward", _fake_forward)
     monkeypatch.setattr(attention_fa2, "flash_backward", _fake_backward)
     monkeypatch.setattr(loop, "fa2_unusable_reason", lambda *a: None)
     curves = {}
     for impl in ("auto", "fa2"):
-        train_run(load_config(None, [*args, f'train.attention="{impl}"']), tmp_path / impl, quiet=True)
-        lines = (tmp_path / impl / "metrics.jsonl").read_text().splitlines()
-        curves[impl] = [r["loss"] for r in map(json.loads, lines) if "loss" in r]
+        cfg = load_config(None, [*args, f'train.attention="{impl}"', 'train.device="cpu"'])
+        train_run(cfg, tmp_path / impl, quiet=True)
+        curves[impl] = _losses(tmp_path / impl)
     assert len(curves["fa2"]) == 4
     torch.testing.assert_close(curves["fa2"], curves["auto"], rtol=1e-4, atol=0)
