@@ -80,7 +80,13 @@ class Attention(nn.Module):
         q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
         if runs is not None:  # FlashAttention-2 over the batch's document runs, in this (B, T, H, D) layout
             y = attention_fa2(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)
-            return F.dropout(self.proj(y.reshape(B, T, H * D)), self.cfg.dropout, self.training)
+        else:
+            y = self._attend(q, k, v, doc_ids, layer, cache).transpose(1, 2)  # (B, T, H, D)
+        return F.dropout(self.proj(y.reshape(B, T, H * D)), self.cfg.dropout, self.training)
+
+    def _attend(self, q, k, v, doc_ids, layer: int, cache: KVCache | None) -> torch.Tensor:
+        """tscale.ops.attention on q, k, v (B, T, H, D), through the KV cache when decoding -> (B, H, T, D)."""
+        T, D = q.shape[1], self.head_dim
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, pos+T, D)
@@ -88,10 +94,8 @@ class Attention(nn.Module):
                 cut = max(0, k.shape[2] - (self.window + T - 1))
                 k, v = k[:, :, cut:], v[:, :, cut:]
                 doc_ids = doc_ids[:, cut:] if doc_ids is not None else None
-        y = attention(q, k.to(q.dtype), v.to(q.dtype), window=self.window, doc_ids=doc_ids, sink=self.cfg.sink,
-                      scale=D ** -0.5)  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
-        return F.dropout(self.proj(y), self.cfg.dropout, self.training)
+        return attention(q, k.to(q.dtype), v.to(q.dtype), window=self.window, doc_ids=doc_ids, sink=self.cfg.sink,
+                         scale=D ** -0.5)
 
 
 class MLP(nn.Module):
