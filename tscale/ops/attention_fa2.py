@@ -41,7 +41,10 @@ class DocRuns:
     max_len: int
 
     def to(self, device, non_blocking: bool = False) -> "DocRuns":
-        return DocRuns(self.cu.to(device, non_blocking=non_blocking), self.max_len)
+        """On `device`; non_blocking to a GPU copies from pinned memory (from pageable memory CUDA would first wait
+        for the stream's queued work, and the host could no longer run ahead of the GPU)."""
+        cu = self.cu.pin_memory() if non_blocking and torch.device(device).type == "cuda" else self.cu
+        return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len)
 
 
 def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET) -> DocRuns:
