@@ -100,12 +100,12 @@ def quality_diffs(losses: dict[str, float]) -> dict:
     return out
 
 
-def speed(args, out_dir: Path) -> tuple[dict, str]:
+def speed(args, out_dir: Path) -> tuple[dict, Path | None]:
     """Each size's recipes one after the other; the record is merged into out_dir after every recipe, so a
-    run stopped part-way (a time limit) keeps what it measured."""
+    run stopped part-way (a time limit) keeps what it measured. (metrics, the record's path)."""
     sizes = {"tiny": TINY} if args.tiny else {s: SIZES[s] for s in args.sizes}
     log_every = 1 if args.tiny else 5
-    metrics, done = {}, []
+    metrics, done, path = {}, [], None
     with tempfile.TemporaryDirectory() as tmp:
         for size, spec in sizes.items():
             config = REPO / spec["config"] if spec["config"] else None
@@ -115,9 +115,9 @@ def speed(args, out_dir: Path) -> tuple[dict, str]:
             rates = {}
             label = size if args.compile_mode == "default" else f"{size}_{args.compile_mode.replace('-', '_')}"
             for recipe in args.recipes:
-                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *recipe_sets(recipe), f"train.steps={args.warmup + args.steps}",
-                                           "train.eval_every=0", "train.ckpt_every=0", f"train.log_every={log_every}",
-                                           f'data.tokens="{tokens}"'])
+                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *recipe_sets(recipe),
+                                           f"train.steps={args.warmup + args.steps}", "train.eval_every=0",
+                                           "train.ckpt_every=0", f"train.log_every={log_every}", f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
                 train_run(cfg, run, quiet=True)
                 records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -127,8 +127,8 @@ def speed(args, out_dir: Path) -> tuple[dict, str]:
                     torch.cuda.empty_cache()
                 metrics.update(speedups(rates, label))
                 done.append(f"{label} {recipe}")
-                merge_metrics("lowprec", metrics, _speed_notes(args, sizes, done), out_dir)
-    return metrics, _speed_notes(args, sizes, done)
+                path = merge_metrics("lowprec", metrics, _speed_notes(args, sizes, done), out_dir)
+    return metrics, path
 
 
 def _speed_notes(args, sizes: dict, done: list[str]) -> str:
@@ -207,9 +207,13 @@ def main() -> None:
         sys.exit("lowprec_train: needs a CUDA GPU (or --tiny)")
     args.recipes = args.recipes or (RECIPES if args.mode == "speed" else ["bf16", *HEADLINE.values()])
     out_dir = args.out_dir or REPO / "docs" / "bench"
-    metrics, notes = speed(args, out_dir) if args.mode == "speed" else quality(args)
+    if args.mode == "speed":  # merged after every recipe
+        metrics, path = speed(args, out_dir)
+    else:
+        metrics, notes = quality(args)
+        path = merge_metrics("lowprec", metrics, notes, out_dir)
     print(json.dumps(metrics, indent=1))
-    print(merge_metrics("lowprec", metrics, notes, out_dir))
+    print(path)
 
 
 if __name__ == "__main__":
