@@ -95,6 +95,12 @@ def test_runs_open_at_row_starts_and_documents_and_pad_with_empty_runs():
     assert runs.max_len == 4
 
 
+def test_runs_of_doc_ids_open_where_the_id_changes():
+    doc_ids = torch.tensor([[3, 3, 4, 4, 4], [7, 7, 7, 7, 7]])
+    assert attention_fa2.runs_of_doc_ids(doc_ids, 2, 5).cu.tolist()[:4] == [0, 2, 5, 10]
+    assert attention_fa2.runs_of_doc_ids(None, 2, 5).cu.tolist()[:3] == [0, 5, 10]
+
+
 def test_unusable_reasons_name_what_is_missing():
     assert "CUDA" in attention_fa2.fa2_unusable_reason(torch.device("cpu"), torch.bfloat16, 128)
 

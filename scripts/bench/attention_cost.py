@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
-from tscale.ops.attention_fa2 import attention_fa2, doc_runs
+from tscale.ops.attention_fa2 import attention_fa2, runs_of_doc_ids
 
 
 class _Messages(logging.Handler):
@@ -86,17 +86,6 @@ def _fa2_op(q, k, v, runs, window: int, sink: bool, scale: float):
     return attention_fa2(q, k, v, runs, window=window, sink=sink, scale=scale)  # (B, T, H, D), the layer's layout
 
 
-def _runs(call: dict, device: torch.device):
-    """The document runs of a recorded call's ids, as the training loop builds them (on the host)."""
-    B, T = call["q"].shape[0], call["q"].shape[2]
-    docs = call["doc_ids"]
-    opens = None
-    if docs is not None:
-        opens = torch.zeros(B, T, dtype=torch.bool)
-        opens[:, 1:] = (docs[:, 1:] != docs[:, :-1]).cpu()
-    return doc_runs(opens, B, T).to(device)
-
-
 def _sdpa_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -132,8 +121,8 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
     calls = record_attention_calls(model, idx, amp_dtype)
     if impl == "fa2":
         said = "torch's FlashAttention-2 over the document runs (tscale.ops.attention_fa2)"
-        for call in calls:
-            call["runs"] = _runs(call, device)
+        for call in calls:  # built as the training loop builds them, outside the timing
+            call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape).to(device)
         op = _fa2_op
     else:
         said = op_path(calls[0])

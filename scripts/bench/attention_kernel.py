@@ -41,7 +41,7 @@ from common import REPO, write_record  # noqa: E402
 
 from tscale.ops.attention import (_compiled_flex, attention_kernel, attention_reference, flex_inputs,  # noqa: E402
                                   kernel_unusable_reason)
-from tscale.ops.attention_fa2 import attention_fa2, doc_runs  # noqa: E402
+from tscale.ops.attention_fa2 import attention_fa2, runs_of_doc_ids  # noqa: E402
 
 TOKENS = 32768
 D = 128
@@ -189,9 +189,7 @@ def main() -> None:
         rows.append((T, B, "local", "kernel", t_kernel, flops / t_kernel / 1e9))
         rows.append((T, B, "local", "flex", t_flex, flops / t_flex / 1e9))
         speedups.append(t_flex / t_kernel)
-        opens = torch.zeros(B, T, dtype=torch.bool)
-        opens[:, 1:] = (docs[:, 1:] != docs[:, :-1]).cpu()
-        runs = doc_runs(opens, B, T).to(dev)  # built once, untimed, like the BlockMask
+        runs = runs_of_doc_ids(docs, B, T).to(dev)  # built once, untimed, like the BlockMask
 
         def fa2_local(a, b, c):
             return fa2_bhtd(a, b, c, runs, WINDOW, True, scale)
@@ -217,7 +215,7 @@ def main() -> None:
         rows.append((T, B, "causal", "kernel", t_kc, flops / t_kc / 1e9))
         rows.append((T, B, "causal", "sdpa", t_sdpa, flops / t_sdpa / 1e9))
         ratios.append(t_kc / t_sdpa)
-        rows_only = doc_runs(None, B, T).to(dev)
+        rows_only = runs_of_doc_ids(None, B, T).to(dev)
 
         def fa2_causal(a, b, c):
             return fa2_bhtd(a, b, c, rows_only, 0, False, scale)

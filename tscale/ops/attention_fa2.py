@@ -62,6 +62,16 @@ def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKE
     return DocRuns(cu, T)
 
 
+def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int) -> DocRuns:
+    """doc_runs of document ids (B, T) as tscale.ops.attention takes them (None: one run per row): a run
+    opens where the id changes."""
+    opens = None
+    if doc_ids is not None:
+        opens = torch.zeros(B, T, dtype=torch.bool)
+        opens[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).cpu()
+    return doc_runs(opens, B, T)
+
+
 class _FlashMasked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu, max_len, window, sink, scale):
@@ -113,4 +123,4 @@ def fa2_unusable_reason(device: torch.device, dtype: torch.dtype, head_dim: int)
     return None
 
 
-__all__ = ["DocRuns", "attention_fa2", "doc_runs", "fa2_unusable_reason"]
+__all__ = ["DocRuns", "attention_fa2", "doc_runs", "fa2_unusable_reason", "runs_of_doc_ids"]
