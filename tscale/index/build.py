@@ -116,7 +116,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
 def write_index(folder: TokenFolder, dropped: list[np.ndarray], limit: int, workers: int, dest: Path, progress: Progress,
                 description: str) -> dict:
     """Sort and write the kept training documents' shards into `dest`; the manifest fields (with "files")."""
-    total_in = sum(int((s.doc_ends - s.docs[:, 0].astype(np.int64))[~d].sum()) for s, d in zip(folder.shards("train"), dropped))
+    total_in = _doc_tokens(folder, [~d for d in dropped])
     task = progress.add_task(description, total=total_in)
     shards = []
     t1 = time.perf_counter()
@@ -179,6 +179,10 @@ def _assemble(folder: TokenFolder, dropped: list[np.ndarray], limit: int) -> Ite
 def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: int | None) -> dict | None:
     if not n:
         return None
-    tokens = sum(int((s.doc_ends - s.docs[:, 0].astype(np.int64))[d].sum()) for s, d in zip(folder.shards("train"), dropped))
     return {"ngram": n, "method": "64-bit hashes of every n-gram of the validation documents",
-            "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": tokens}
+            "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": _doc_tokens(folder, dropped)}
+
+
+def _doc_tokens(folder: TokenFolder, chosen: list[np.ndarray]) -> int:
+    """Tokens in the training documents `chosen` (per train shard, a bool (D,) mask)."""
+    return sum(int((s.doc_ends - s.docs[:, 0].astype(np.int64))[c].sum()) for s, c in zip(folder.shards("train"), chosen))
