@@ -1,0 +1,119 @@
+"""Where a training step's GPU time goes, gpt2 against tscale at 124M: kernels per step and the optimizer alone.
+
+    python scripts/bench/arch_profile.py TOKENS [--archs gpt2 tscale] [--warmup 8] [--active 3] [--top 25]
+                                         [--out PATH]
+
+For each preset of arch_speed.py: the real loop (`tscale.train.loop.train_run`, torch.compile in
+default mode, so that every kernel is visible to the profiler; CUDA graphs would hide them) runs
+`warmup` steps, then torch.profiler records `active` steps. Printed per preset: the GPU time per
+step of every kernel, summed over the step (the step's busy time), the `top` kernels by their time
+per step, and the same time grouped into matrix products, attention, the optimizer's kernels and
+the rest. The optimizer is also timed alone: the model's parameters given random gradients, its
+step() timed with CUDA events, so that Muon's Newton-Schulz iterations can be set against AdamW.
+Writes the tables as JSON to --out (the default: docs/bench/arch_profile.json).
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arch_speed import ARCHS, EXTRA  # noqa: E402
+from common import REPO  # noqa: E402
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
+
+from tscale.config import load_config  # noqa: E402
+from tscale.model import build_model  # noqa: E402
+from tscale.optim import build_optimizer  # noqa: E402
+from tscale.train.loop import train_run  # noqa: E402
+
+# substrings of kernel names, by group; the first group that matches wins
+GROUPS = {
+    "attention": ("attention", "flash", "fmha", "attn"),
+    "matmul": ("gemm", "xmma", "nvjet", "cutlass", "sm90_", "sm80_", "wgmma", "ampere_", "cublas"),
+}
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in GROUPS.items() if any(k in low for k in keys)), "other")
+
+
+def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int) -> dict[str, float]:
+    """GPU milliseconds per step of every kernel name over `active` profiled steps of the real loop."""
+    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []),
+        f"train.steps={warmup + active + 1}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
+        "train.ckpt_every=0", "train.log_every=1000", "train.compile=true", 'train.compile_mode="default"',
+        f'data.tokens="{tokens.resolve()}"'])
+    prof = profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=warmup - 1, warmup=1, active=active))
+    with tempfile.TemporaryDirectory() as tmp, prof:
+        train_run(cfg, Path(tmp) / "run", quiet=True, on_step=lambda step, model: prof.step())
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.self_device_time_total > 0:
+            times[event.key] = times.get(event.key, 0.0) + event.self_device_time_total / 1e3 / active
+    return times
+
+
+def optimizer_ms(arch: str, steps: int = 20) -> float:
+    """Milliseconds of one optimizer.step() of the preset's model on random gradients (CUDA events)."""
+    cfg = load_config(REPO / ARCHS[arch], [])
+    cfg.model.vocab_size = 50257
+    cfg.model.eos_id = 50256
+    model = build_model(cfg.model).cuda()
+    opt = build_optimizer(model, cfg.optim, torch.device("cuda"))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    for _ in range(3):
+        opt.step()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        opt.step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tokens", type=Path, help="token folder (tscale tokenize, GPT-2 BPE)")
+    ap.add_argument("--archs", nargs="+", default=["gpt2", "tscale"], choices=list(ARCHS))
+    ap.add_argument("--warmup", type=int, default=8, help="steps before profiling (compile included)")
+    ap.add_argument("--active", type=int, default=3, help="profiled steps")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--top", type=int, default=25, help="kernels printed per preset")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "arch_profile.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("arch_profile.py: needs a CUDA GPU")
+    report = {}
+    for arch in args.archs:
+        times = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size)
+        groups: dict[str, float] = {}
+        for name, ms in times.items():
+            groups[group_of(name)] = groups.get(group_of(name), 0.0) + ms
+        opt = optimizer_ms(arch)
+        torch.cuda.empty_cache()
+        busy = sum(times.values())
+        print(f"== {arch}: {busy:.2f} ms of kernels per step; optimizer step alone {opt:.2f} ms; "
+              + ", ".join(f"{g} {ms:.2f}" for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])), flush=True)
+        top = sorted(times.items(), key=lambda kv: -kv[1])[:args.top]
+        for name, ms in top:
+            print(f"  {ms:8.3f} ms  {group_of(name):9s} {name[:110]}", flush=True)
+        report[arch] = {"kernel_ms_per_step": round(busy, 3), "optimizer_step_ms": round(opt, 3),
+                        "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
+                        "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(args.out)
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
