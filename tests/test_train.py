@@ -125,6 +125,39 @@ def test_cuda_graphs_train_like_the_default_mode(tokens, tmp_path, arch):
     torch.testing.assert_close(curves["reduce-overhead"], curves["default"], rtol=2e-2, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("recipe", [
+    ['precision.recipe="int8_rowwise"'],
+    ['precision.recipe="int8_rowwise"', "precision.int8_backward=true"],
+    ['precision.recipe="fp8_tensorwise"'],
+], ids=["int8", "int8-bwd", "fp8"])
+def test_cuda_graphs_update_every_weight_as_the_default_mode(tokens, tmp_path, recipe):
+    """Under CUDA graphs every parameter of a low-precision model still gets its gradient and moves, as in default mode.
+
+    Products at M = 8 x 64 = 512 rows, K = N = 128..512, the kernels' large-M path. A graph that skipped a
+    product's backward would leave its weight where it started while the loss still went down; one that
+    multiplied garbage would move it elsewhere."""
+    shape = ['model.arch="gpt2"', "model.d_model=128", "model.n_head=2", "model.seq_len=64", "train.batch_size=8"]
+    start, after = {}, {}
+    for mode in ("default", "reduce-overhead"):
+        cfg = tiny_cfg(tokens, *shape, *recipe, "train.steps=5", "train.compile=true", f'train.compile_mode="{mode}"')
+
+        def keep(step, model, mode=mode):
+            if step == 2:  # CUDA graphs are recorded by now and replayed from here on
+                start[mode] = {n: p.detach().clone() for n, p in model.named_parameters()}
+            after[mode] = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+        train_run(cfg, tmp_path / mode, quiet=True, on_step=keep)
+    for mode in after:
+        frozen = [n for n, p in after[mode].items() if torch.equal(p, start[mode][n])]
+        assert not frozen, f"{mode}: parameters that did not move after step 2: {frozen}"
+    for name in after["default"]:  # Adam's steps: the same way and distance in both modes, whatever rounding differs
+        moved = {mode: (after[mode][name] - start[mode][name]).flatten().double() for mode in after}
+        graph, default = moved["reduce-overhead"], moved["default"]
+        assert graph.norm().item() == pytest.approx(default.norm().item(), rel=0.1), name
+        assert torch.nn.functional.cosine_similarity(graph, default, dim=0).item() > 0.9, name
+
+
 def _cli(run_cli, *args):
     code, out = run_cli("train", *args)
     return code, out.strip().splitlines()

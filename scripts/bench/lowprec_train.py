@@ -79,6 +79,25 @@ def harmonic_rate(records: list[dict], after_step: int) -> float:
     return len(timed) / sum(1 / r for r in timed)
 
 
+class MovedCheck:
+    """An on_step hook: which parameters did not move from step `first` to step `last` (steps that skipped their
+    products). It touches the parameters at those two steps only, so the steps between run undisturbed."""
+
+    def __init__(self, first: int, last: int, sample: int = 4096):
+        self.first, self.last, self.sample = first, last, sample
+        self.start: dict[str, torch.Tensor] = {}
+        self.frozen: list[str] = []
+
+    def __call__(self, step: int, model) -> None:
+        if step not in (self.first, self.last):
+            return
+        head = {n: p.detach().flatten()[:self.sample].clone() for n, p in model.named_parameters()}  # (<= sample,)
+        if step == self.first:
+            self.start = head
+        else:
+            self.frozen = [n for n, h in head.items() if torch.equal(h, self.start[n])]
+
+
 def speedups(rates: dict[str, float], size: str) -> dict:
     """{recipe rates, fp8 / int8 speedups over bf16} for one size, from {recipe: tokens/s}."""
     out = {f"train_tokens_per_s_{recipe}_{size}": round(rate) for recipe, rate in rates.items()}
@@ -119,8 +138,13 @@ def speed(args, out_dir: Path) -> tuple[dict, Path | None]:
                                            f"train.steps={args.warmup + args.steps}", "train.eval_every=0",
                                            "train.ckpt_every=0", f"train.log_every={log_every}", f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
-                train_run(cfg, run, quiet=True)
+                moved = MovedCheck(args.warmup, args.warmup + args.steps)
+                train_run(cfg, run, quiet=True, on_step=moved)
                 records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+                if moved.frozen:  # a rate of steps that skipped work is no rate: say so, record nothing
+                    print(f"{label} {recipe}: NOT RECORDED, {len(moved.frozen)} parameters did not move over the timed "
+                          f"steps: {', '.join(moved.frozen[:6])}", flush=True)
+                    continue
                 rates[recipe] = harmonic_rate(records, args.warmup)
                 print(f"{label} {recipe}: {rates[recipe]:,.0f} tokens/s", flush=True)
                 if torch.cuda.is_available():
