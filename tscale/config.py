@@ -107,6 +107,9 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, ge=0)
 
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that replay CUDA graphs
+
+
 class TrainConfig(_Section):
     """The loop: steps, batch, device, evaluation, checkpoints, logging."""
 
@@ -134,6 +137,12 @@ class TrainConfig(_Section):
     def _check_compile_mode(self) -> "TrainConfig":
         if self.compile_mode != "default" and not self.compile:
             raise ValueError(f'compile_mode "{self.compile_mode}" needs train.compile = true')
+        if self.compile_mode in CUDA_GRAPH_MODES and self.grad_accum > 1:
+            # torch's CUDA-graph trees hand each replay's gradients back in memory that the next micro-batch's
+            # replay overwrites, so accumulated gradients would be wrong (pytorch/pytorch#169545)
+            raise ValueError(f'compile_mode "{self.compile_mode}" replays CUDA graphs, which cannot accumulate '
+                             f'gradients over micro-batches: set train.grad_accum = 1 (a larger train.batch_size) '
+                             f'or compile_mode = "default"')
         return self
 
 

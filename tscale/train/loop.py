@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from tscale.config import RunConfig, settle_added_keys, to_toml
+from tscale.config import CUDA_GRAPH_MODES, RunConfig, settle_added_keys, to_toml
 from tscale.data.loader import TrainLoader, WindowFeatures, val_batches
 from tscale.data.shards import TokenFolder
 from tscale.devices import peak_flops, resolve_autocast_dtype, resolve_device
@@ -72,9 +72,6 @@ class _StopFlag:
     def __exit__(self, *exc):
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that replay CUDA graphs
 
 
 def prepare_run_dir(run_dir: Path, cfg: RunConfig, resume: bool) -> None:
@@ -297,8 +294,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                 on_step(step, model)
 
             if log_now:
-                now = time.time()
+                # .item() waits for the device to finish every queued step; only then is the clock read, or a
+                # host running steps ahead of the device would be timed instead of the steps themselves
                 last_loss = env.mean(loss_sum).item() / (step - step_at_log)
+                now = time.time()
                 tps = tokens_per_step * (step - step_at_log) / max(now - t_log, 1e-9)
                 record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": grad_norm.item(),
                           "tokens_per_s": tps, "mfu": tps * flops_per_token / peak / env.world if peak else None,
