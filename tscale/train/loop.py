@@ -283,9 +283,11 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
             clip = cfg.optim.grad_clip if replicas.clips() else 0.0
             final = step + 1 == cfg.train.steps
             log_now = (step + 1) % cfg.train.log_every == 0 or final
+            grad_norm = None
             if clip:
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            elif log_now:  # without clipping the norm is only logged: two passes over the gradients saved per step
+            elif log_now and replicas.clips():  # only logged: a pass over the gradients on logging steps alone;
+                # none while 1-bit Adam's p.grad hold the exchanged momentum, whose norm is no gradient norm
                 grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -299,7 +301,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                 last_loss = env.mean(loss_sum).item() / (step - step_at_log)
                 now = time.time()
                 tps = tokens_per_step * (step - step_at_log) / max(now - t_log, 1e-9)
-                record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": grad_norm.item(),
+                norm = grad_norm.item() if grad_norm is not None else None
+                record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": norm,
                           "tokens_per_s": tps, "mfu": tps * flops_per_token / peak / env.world if peak else None,
                           "tokens": step * tokens_per_step, "elapsed_s": now - t_start,
                           "mem_gb": _memory_gb(device)}
