@@ -16,7 +16,7 @@ from tscale.errors import UserError
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.optim import build_optimizer
-from tscale.optim.muon import Muon, orthogonalize
+from tscale.optim.muon import NS_COEFFS, Muon, orthogonalize
 from tscale.optim.schedule import lr_at
 from tscale.train.checkpoint import load_train_state, open_checkpoint
 from tscale.train.loop import train_run
@@ -83,6 +83,20 @@ def test_grouped_step_matches_the_per_parameter_definition(kind):
     for p, q in zip(mine, params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert not any(torch.equal(p, p0) for p, p0 in zip(mine, initial))  # every parameter moved
+
+
+@pytest.mark.parametrize("shape", [(48, 80), (3, 40, 24)])
+def test_orthogonalize_is_the_quintic_iteration(shape):
+    """The fused products compute x <- a x + (b m + c m m) x, m = x x^T, on the short side, normalised first."""
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(7))
+    a, b, c = NS_COEFFS
+    tall = shape[-2] > shape[-1]
+    x = g.mT if tall else g
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(3):
+        m = x @ x.mT
+        x = a * x + (b * m + c * (m @ m)) @ x
+    torch.testing.assert_close(orthogonalize(g, steps=3), x.mT if tall else x, rtol=1e-4, atol=1e-5)
 
 
 def test_batched_orthogonalize_equals_one_matrix_at_a_time():

@@ -8,7 +8,8 @@
 # one GPU (bf16 runs on both GPUs, each beside the recipe it is compared with).
 #   1.5b   GPU 0: 1.5B bf16 vs int8_rowwise; GPU 1: 1.5B bf16 vs fp8_tensorwise (CUDA graphs)
 #   124m   GPU 0: 124M bf16, fp8_tensorwise, int8_rowwise under CUDA graphs, then in default mode;
-#          GPU 1: arch_speed.py gpt2 vs tscale (both modes, with fa2), then lowprec_graph_check.py
+#          GPU 1: arch_speed.py gpt2 vs tscale (both modes, with fa2), lowprec_graph_check.py, then
+#          arch_profile.py (kernel time per step, the optimizer step alone)
 # TOKENS: a GPT-2 BPE token folder of real text (arch_speed.py needs its document boundaries).
 # Every job stops SECONDS (default 570) after the start; records go to OUT_DIR/<job>/.
 set -u
@@ -40,7 +41,10 @@ case $PART in
     ( run 1 arch-speed python3 scripts/bench/arch_speed.py "$TOK" --fa2
       CUDA_VISIBLE_DEVICES=1 timeout "$(left)" $pin1 python3 scripts/bench/lowprec_graph_check.py \
         > "$OUT/graph-check.log" 2>&1
-      echo "graph check: exit $?"; grep -h "gradients" "$OUT/graph-check.log" ) &
+      echo "graph check: exit $?"; grep -h "gradients" "$OUT/graph-check.log"
+      CUDA_VISIBLE_DEVICES=1 timeout "$(left)" $pin1 python3 scripts/bench/arch_profile.py "$TOK" \
+        --out "$OUT/arch_profile.json" > "$OUT/arch-profile.log" 2>&1
+      echo "arch profile: exit $?"; grep -h "^==" "$OUT/arch-profile.log" ) &
     wait ;;
   *) echo "remeasure_rates.sh: unknown part '$PART' (1.5b or 124m)"; exit 2 ;;
 esac

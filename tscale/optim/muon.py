@@ -35,9 +35,11 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
     if tall:
         x = x.mT  # (..., C, R): iterate on the short side
     x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + 1e-7)  # each matrix to norm 1
-    for _ in range(steps):
+    addmm = torch.baddbmm if x.dim() == 3 else torch.addmm  # beta * input + alpha * (m1 @ m2), one kernel
+    for _ in range(steps):  # x <- a x + (b m + c m^2) x, m = x x^T: three products, no elementwise passes
         m = x @ x.mT  # (..., r, r)
-        x = a * x + (b * m + c * (m @ m)) @ x
+        poly = addmm(m, m, m, beta=b, alpha=c)  # (..., r, r)
+        x = addmm(x, poly, x, beta=a)  # (..., r, C)
     return (x.mT if tall else x).to(g.dtype)
 
 
