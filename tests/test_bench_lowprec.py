@@ -21,6 +21,19 @@ def test_rate_is_total_tokens_over_total_time_after_the_warmup():
         lowprec_train.harmonic_rate(records, 15)
 
 
+def test_moved_check_names_the_parameters_a_timed_stretch_left_alone():
+    """Snapshots at the first and last steps only; a parameter equal at both is reported."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    check = lowprec_train.MovedCheck(first=2, last=4)
+    for step in range(1, 5):
+        check(step, model)
+        with torch.no_grad():
+            model[1].weight.add_(0.1)  # trained; model[0] and model[1].bias stay where they are
+    assert check.frozen == ["0.weight", "0.bias", "1.bias"]
+
+
 def test_speedups_and_loss_differences_name_the_headline_recipes():
     rates = {"bf16": 1000.0, "fp8_tensorwise": 1400.0, "fp8_rowwise": 1300.0, "int8_rowwise": 1250.0}
     out = lowprec_train.speedups(rates, "1p5b")
