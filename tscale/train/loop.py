@@ -41,6 +41,7 @@ from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears
 from tscale.train.checkpoint import checkpoint_dirs, load_train_state, load_weights, open_checkpoint, save_checkpoint
+from tscale.train.cpu_allocator import reuse_freed_blocks
 from tscale.train.metrics import MetricsLog, NullLog, ProgressLine
 
 
@@ -171,6 +172,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
            on_step: StepHook | None) -> TrainResult:
     env.on_main(prepare_run_dir, run_dir, cfg, resume)
     device = env.device
+    if device.type == "cpu":
+        reuse_freed_blocks()  # a step's large tensors reuse the last step's pages instead of faulting in new ones
     amp_dtype = resolve_autocast_dtype(cfg.train.dtype, device)
 
     def autocast():
