@@ -1,12 +1,14 @@
-"""The C allocator's policy for CPU training: freed blocks of up to 32 MB kept for reuse, not unmapped.
+"""The C allocator's policy for CPU training: freed blocks of up to 32 MB kept for reuse, not returned to the kernel.
 
 A CPU training step allocates and frees the same large tensors every step: autocast's bf16
-copies of the weights, the float32 gradients, the activations. glibc's malloc serves a block
-above its mmap threshold (128 kB at first, adapting up to 32 MB) with a fresh mapping and unmaps
-it on free, so every step touches new pages, and the kernel's page faults and zeroing for them
-cost a quarter of a 50M-parameter step on one core (docs/BENCHMARKS.md, 1-bit Adam). With the
-threshold at its 32 MB ceiling and the heap trimmed only past 1 GB of free memory, freed blocks
-go back to the heap and the next step reuses their pages. A process-wide setting, made once.
+copies of the weights, the float32 gradients, the activations. glibc's malloc adapts on its own:
+a block above its mmap threshold (128 kB at first, raised toward 32 MB as such blocks are freed)
+gets a fresh mapping, unmapped on free, and free memory at the top of the heap beyond twice that
+threshold goes back to the kernel. With a step's mix of tensor sizes it keeps doing both, so a
+step faults in pages the previous one gave back: a quarter of a 50M-parameter step on one core
+(docs/BENCHMARKS.md, 1-bit Adam). With the threshold at its 32 MB ceiling and the heap trimmed
+only past 1 GB of free memory, freed blocks stay on the heap and the next step reuses their pages.
+A process-wide setting, made once.
 """
 
 import ctypes
