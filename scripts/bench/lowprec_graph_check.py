@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from tscale.config import load_config  # noqa: E402
 from tscale.model import build_model  # noqa: E402
 from tscale.model.loss import mean_loss  # noqa: E402
-from tscale.precision.linear import convert_linears  # noqa: E402
+from tscale.precision import convert_linears_as_configured  # noqa: E402
 
 
 def grads_and_ms(model, fn, x, y, calls: int) -> tuple[list[torch.Tensor], float]:
@@ -59,9 +59,7 @@ def main() -> None:
         cfg.model.vocab_size, cfg.model.eos_id = 50257, 50256
         torch.manual_seed(0)
         model = build_model(cfg.model).cuda()
-        convert_linears(model, cfg.precision.recipe, exclude=cfg.precision.exclude,
-                        int8_backward=cfg.precision.int8_backward, fp8_fast_accum=cfg.precision.fp8_fast_accum,
-                        quantize_in_graph=cfg.precision.quantize_in_graph)
+        convert_linears_as_configured(model, cfg.precision)
         B, T = cfg.train.batch_size, cfg.model.seq_len
         x = torch.randint(0, 50257, (B, T), device="cuda")  # (B, T)
         y = torch.randint(0, 50257, (B, T), device="cuda")  # (B, T)

@@ -23,6 +23,7 @@ import fnmatch
 import torch
 import torch.nn as nn
 
+from tscale.config import PrecisionConfig
 from tscale.errors import UserError
 from tscale.ops.lowprec import quantize, scaled_mm
 from tscale.precision.graph_matmul import fp8_tensorwise_matmul
@@ -215,3 +216,9 @@ def convert_linears(model: nn.Module, recipe: str | Recipe, include=None, exclud
     if r is None:
         return []
     return replace_linears(model, lambda linear: LowPrecLinear(linear, r), include, exclude)
+
+
+def convert_linears_as_configured(model: nn.Module, precision: PrecisionConfig) -> list[str]:
+    """convert_linears with every choice of a run's [precision] section, as training applies them."""
+    return convert_linears(model, precision.recipe, exclude=precision.exclude, int8_backward=precision.int8_backward,
+                           fp8_fast_accum=precision.fp8_fast_accum, quantize_in_graph=precision.quantize_in_graph)

@@ -39,7 +39,7 @@ from tscale.ops import backend as ops_backend
 from tscale.ops.attention_fa2 import DocRuns, doc_runs, fa2_unusable_reason
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
-from tscale.precision import convert_linears
+from tscale.precision import convert_linears_as_configured
 from tscale.train.checkpoint import checkpoint_dirs, load_train_state, load_weights, open_checkpoint, save_checkpoint
 from tscale.train.cpu_allocator import reuse_freed_blocks
 from tscale.train.metrics import MetricsLog, NullLog, ProgressLine
@@ -184,8 +184,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     features = open_features(cfg, folder)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
-    convert_linears(model, cfg.precision.recipe, exclude=cfg.precision.exclude, int8_backward=cfg.precision.int8_backward,
-                    fp8_fast_accum=cfg.precision.fp8_fast_accum, quantize_in_graph=cfg.precision.quantize_in_graph)
+    convert_linears_as_configured(model, cfg.precision)
     if env.active:
         torch.manual_seed(cfg.train.seed + 1000 * env.rank)  # own dropout masks per rank
     loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world,
