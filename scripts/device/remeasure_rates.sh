@@ -6,7 +6,9 @@
 # Each part fits one device call; both GPUs work side by side, each job pinned to its half of the
 # CPU cores so that neither slows the other's host work. A ratio always comes from one process on
 # one GPU (bf16 runs on both GPUs, each beside the recipe it is compared with).
-#   1.5b   GPU 0: 1.5B bf16 vs int8_rowwise; GPU 1: 1.5B bf16 vs fp8_tensorwise (CUDA graphs)
+#   1.5b   GPU 0: 1.5B bf16 vs int8_rowwise, then int8 with its backward in int8;
+#          GPU 1: 1.5B bf16 vs fp8_tensorwise, then with fast accumulation and quantised in-graph
+#          (CUDA graphs; each record is merged after every recipe, so a time limit loses only the last)
 #   124m   GPU 0: 124M bf16, fp8_tensorwise, int8_rowwise under CUDA graphs, then in default mode;
 #          GPU 1: arch_speed.py gpt2 vs tscale (both modes, with fa2), lowprec_graph_check.py, then
 #          arch_profile.py (kernel time per step, the optimizer step alone)
@@ -31,8 +33,9 @@ run() {  # run GPU NAME COMMAND...: one job on one GPU, its log in OUT/NAME.log,
 }
 case $PART in
   1.5b)
-    run 0 int8-1p5b $speed --sizes 1p5b --recipes bf16 int8_rowwise --compile-mode reduce-overhead &
-    run 1 fp8-1p5b $speed --sizes 1p5b --recipes bf16 fp8_tensorwise --compile-mode reduce-overhead &
+    run 0 int8-1p5b $speed --sizes 1p5b --recipes bf16 int8_rowwise int8_rowwise_bwd --compile-mode reduce-overhead &
+    run 1 fp8-1p5b $speed --sizes 1p5b --recipes bf16 fp8_tensorwise fp8_tensorwise_fastacc \
+      fp8_tensorwise_graph --compile-mode reduce-overhead &
     wait ;;
   124m)
     ( run 0 lowprec-124m-graphs $speed --sizes 124m --recipes bf16 fp8_tensorwise int8_rowwise \
