@@ -29,7 +29,7 @@ run() {  # run GPU NAME COMMAND...: one job on one GPU, its log in OUT/NAME.log,
   local gpu=$1 name=$2 pin; shift 2
   pin=$([ "$gpu" = 0 ] && echo "$pin0" || echo "$pin1")
   CUDA_VISIBLE_DEVICES=$gpu timeout "$(left)" $pin "$@" --out-dir "$OUT/$name" > "$OUT/$name.log" 2>&1
-  echo "$name: exit $?"; grep -hE "tokens/s|gradients" "$OUT/$name.log"
+  echo "$name: exit $?"; grep -hE "tokens/s|gradients|NOT RECORDED|Error" "$OUT/$name.log"
 }
 case $PART in
   1.5b)
