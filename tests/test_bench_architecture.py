@@ -47,6 +47,13 @@ def test_training_time_sums_each_interval_at_its_own_rate():
         curves.interpolate(times, 3500.0)
 
 
+def test_training_time_can_count_the_compile_interval_at_the_next_rate():
+    records = _records([100.0, 1000.0, 500.0])  # the first interval compiled: 10 s for 1000 tokens
+    assert curves.train_time_curve(records, compile_in_first=True) == [(0.0, 0.0), (1000.0, 1.0), (2000.0, 2.0),
+                                                                       (3000.0, 4.0)]
+    assert curves.train_time_curve(records)[1] == (1000.0, 10.0)
+
+
 def test_val_curve_counts_tokens_from_the_step():
     records = _records([1000.0] * 4, vals={20: 4.0, 40: 3.0})
     assert curves.val_curve(records) == [(2000, 4.0), (4000, 3.0)]

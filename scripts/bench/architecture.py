@@ -6,7 +6,9 @@ Subcommands, each its own process, so that one device call runs them in turn und
   warmup --arch A        compile A's training and evaluation graphs on random ids (fills the Inductor
                          cache, so the measured run's compile is a cache hit; run it beside tokenizing)
   convergence --arch A   train A on the token folder: gpt2 first, for the budget B; its final val loss
-                         is the target tscale must reach (tscale stops as soon as an evaluation does)
+                         is the target tscale must reach (tscale stops as soon as an evaluation does).
+                         With --beside, tscale runs its whole schedule at the same time as gpt2 (on
+                         another GPU of the host) and the report reads the crossing from its curve
   attention [--warm]     time all attention (forward + backward) of one training step of the tscale
                          model vs the same model with causal SDPA in every layer, at each sequence length
                          (--warm: only compile, on random ids, so the timed run's compile is a cache hit)
@@ -22,6 +24,7 @@ the tokens_per_s of every log interval. --tiny runs the same code on CPU-sized m
 """
 
 import argparse
+import fcntl
 import json
 import math
 import sys
@@ -109,12 +112,15 @@ class Results:
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def put(self, key: str, value) -> None:
-        data = self.load()
-        data[key] = value
+        """Set one key; runs side by side (--beside) each put theirs, so the read-modify-write holds a lock."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(self.path)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self.load()
+            data[key] = value
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
+            tmp.replace(self.path)
 
 
 def _time_left(deadline: float | None, margin: float) -> float:
@@ -147,7 +153,7 @@ def cmd_convergence(args, s: Scale) -> None:
         shutil.rmtree(run_dir)
     overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio)
     hook = None
-    if args.arch == "tscale":
+    if args.arch == "tscale" and not args.beside:
         gpt2 = results.load().get("gpt2")
         if not gpt2 or gpt2.get("final_val_loss") is None:
             sys.exit("architecture: run `convergence --arch gpt2` first (its final val loss is the target)")
@@ -251,6 +257,8 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
     ap.add_argument("--attention", choices=["auto", "fa2"], default="auto",
                     help="attention: the tscale model's op, as train.attention chooses it [auto]")
+    ap.add_argument("--beside", action="store_true",
+                    help="convergence --arch tscale: run the whole schedule beside gpt2's run, not stopping at its loss")
     ap.add_argument("--verbose", action="store_true", help="show the training progress lines")
     args = ap.parse_args()
     s = TINY if args.tiny else FULL

@@ -4,7 +4,9 @@ Pure functions on the records `tscale train` writes: log records carry step, tok
 tokens_per_s (the rate over the steps since the previous log record, evaluation and
 checkpoint time left out); validation records carry step and val_loss. Tokens are what the
 model was trained on before the record; training seconds are summed from the log records,
-so compile warm-up (before the first step), evaluation and checkpoints are not counted.
+so evaluation and checkpoints are not counted. torch.compile compiles during the first step,
+so the first log interval holds the compile: train_time_curve(compile_in_first=True) counts
+that interval at the next one's rate.
 """
 
 import json
@@ -34,12 +36,18 @@ def val_curve(records: list[dict]) -> list[Point]:
     return [(r["step"] * per_step, r["val_loss"]) for r in sorted(records, key=lambda r: r["step"]) if "val_loss" in r]
 
 
-def train_time_curve(records: list[dict]) -> list[Point]:
-    """(tokens, cumulative training seconds), starting at (0, 0): each log interval's tokens / its tokens_per_s."""
+def train_time_curve(records: list[dict], compile_in_first: bool = False) -> list[Point]:
+    """(tokens, cumulative training seconds), starting at (0, 0): each log interval's tokens / its tokens_per_s.
+
+    compile_in_first: the first interval (the compile) is counted at the second interval's rate."""
+    logs = log_records(records)
+    rates = [r["tokens_per_s"] for r in logs]
+    if compile_in_first and len(rates) > 1:
+        rates[0] = rates[1]
     points = [(0.0, 0.0)]
-    for r in log_records(records):
+    for r, rate in zip(logs, rates):
         tokens, seconds = points[-1]
-        points.append((float(r["tokens"]), seconds + (r["tokens"] - tokens) / r["tokens_per_s"]))
+        points.append((float(r["tokens"]), seconds + (r["tokens"] - tokens) / rate))
     return points
 
 

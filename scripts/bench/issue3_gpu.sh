@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Issue 3's measurements ("optimized transformer") in two device calls of at most ~9 minutes each.
 #
-#   scripts/bench/issue3_gpu.sh 1|2 [--tiny]
+#   scripts/bench/issue3_gpu.sh 1|1x2|2 [--tiny]
 #
 # Run from the repository root with the package built. Both parts tokenize the benchmark corpus
 # (mix.jsonl.xz + code-slice.jsonl.xz, GPT-2 BPE) into $WORK/tokens unless it is there already.
 #   Part 1: gpt2 124M for B = 100M tokens, then tscale 124M until it reaches gpt2's final val loss
 #           (convergence + throughput). The compile warm-ups of both models run beside tokenizing.
+#   Part 1x2: part 1 on a two-GPU host in one call: gpt2 on GPU 0 and, beside it, tscale on GPU 1 over
+#           its whole schedule (the crossing read from its curve); each pinned to its half of the
+#           cores, no warm-ups (the report counts each run's first log interval, its compile, at
+#           the next interval's rate).
 #   Part 2: attention cost of one training step at T = 1024 and 4096 (its compile warm-up runs
 #           beside tokenizing), through the default op and through FlashAttention-2
 #           (train.attention = "fa2", reported as attention_fa2_*), then the ablation table.
@@ -104,6 +108,20 @@ if [ "$part" = 1 ]; then
   say "tscale convergence run"
   bounded python $bench/architecture.py convergence --arch tscale "${common[@]}" || say "tscale run failed"
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
+elif [ "$part" = 1x2 ]; then
+  tokenize
+  half=$(( $(nproc) / 2 ))
+  pin0=(); pin1=()
+  if command -v taskset > /dev/null && [ "$half" -gt 0 ]; then
+    pin0=(taskset -c "0-$(( half - 1 ))"); pin1=(taskset -c "$half-$(( $(nproc) - 1 ))")
+  fi
+  say "gpt2 (GPU 0) and tscale (GPU 1) convergence runs side by side"
+  ( CUDA_VISIBLE_DEVICES=0 bounded "${pin0[@]}" python $bench/architecture.py convergence --arch gpt2 "${common[@]}" \
+      || say "gpt2 run failed" ) & run_gpt2=$!
+  ( CUDA_VISIBLE_DEVICES=1 bounded "${pin1[@]}" python $bench/architecture.py convergence --arch tscale --beside \
+      "${common[@]}" || say "tscale run failed" ) & run_tscale=$!
+  wait "$run_gpt2" "$run_tscale"  # a bare wait would also wait for the log's tee
+  python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
 elif [ "$part" = 2 ]; then
   say "attention compile warm-up beside tokenizing"
   TORCHINDUCTOR_COMPILE_THREADS=8 python $bench/architecture.py attention --warm "${common[@]}" \
@@ -123,7 +141,7 @@ elif [ "$part" = 2 ]; then
   python $bench/ablation.py report "${report[@]}" | tee "$out/ablation.md"
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
 else
-  echo "issue3_gpu.sh: PART must be 1 or 2 (got $part)" >&2
+  echo "issue3_gpu.sh: PART must be 1, 1x2 or 2 (got $part)" >&2
   exit 2
 fi
 say "finished in $(( $(date +%s) - start )) s"

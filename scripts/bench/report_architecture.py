@@ -30,7 +30,7 @@ def _run_summary(entry: dict) -> dict:
     """Numbers of one convergence run read back from its metrics.jsonl."""
     records = curves.read_records(Path(entry["run"]) / "metrics.jsonl")
     per_step = curves.tokens_per_step(records)
-    times = curves.train_time_curve(records)
+    times = curves.train_time_curve(records, compile_in_first=True)
     return {"records": records, "per_step": per_step, "val": curves.val_curve(records), "times": times,
             "tokens_per_s": curves.steady_tokens_per_s(records, WARMUP_STEPS_SKIPPED * per_step),
             "train_s": times[-1][1], "tokens": times[-1][0]}
