@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernel import D, TOKENS, WINDOW, doc_ids, fwd_bwd  # noqa: E402
 from common import git_commit, gpu_name  # noqa: E402
 
-from tscale.ops.attention import attention_kernel  # noqa: E402
+from tscale.ops.attention import attention_kernel, kernel_unusable_reason  # noqa: E402
 
 
 def kernel_times(run, steps: int) -> dict[str, float]:
@@ -58,6 +58,8 @@ def main() -> None:
         q, k, v, do = (torch.randn(B, args.heads, T, D, generator=g).cuda().bfloat16() for _ in range(4))
         leaves = [t.requires_grad_() for t in (q, k, v)]
         docs = doc_ids(B, T, args.doc_len, g).cuda().int()
+        if reason := kernel_unusable_reason(q, k, v):
+            sys.exit(f"attention_profile: the kernel cannot run here: {reason}")
         scale = D ** -0.5
         cases = {
             "local": lambda a, b, c: attention_kernel(a, b, c, window=WINDOW, doc_ids=docs, sink=True, scale=scale),
