@@ -1,7 +1,8 @@
 // The fused attention backward: kernels and host entry attention_bwd_cuda(dout, q, k, v, out, lse, doc_ids?, window, sink, scale) -> (dq, dk, dv).
 //
 // Three kernels, in order:
-//   1. delta: Delta = rowsum(dO * O) per query row (one warp per row), fp32 (B, H, T).
+//   1. delta: Delta = rowsum(dO * O) per query row (one warp per row), fp32 (B, H, T); the same
+//      warp zeroes the row's share of dq_accum.
 //   2. main: one block of 4 warps per (64-key tile, head, batch row); warp w owns key rows
 //      16w..16w+15. K and V stay in shared memory; the block walks the query tiles (BM = 64
 //      queries for D = 64, 32 for D = 128, to keep dK and dV in registers) that can see its keys:
@@ -65,6 +66,11 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) acc += warp_xor(acc, m);
   if (lane == 0) p.delta[row] = acc;
+  // Zero this row's share of dq_accum (D floats at row t of its (b, h); the last row also zeroes
+  // the padding rows up to T_pad, which hold fragments of the last 16-row block when T % 16 != 0).
+  float* dqa = p.dq_accum + bh * p.T_pad * D;
+  const int64_t end = t == p.T - 1 ? static_cast<int64_t>(p.T_pad) * D : (t + 1) * D;
+  for (int64_t i = t * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
 }
 
 template <int D>
@@ -340,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   const at::Tensor lse = lse_in.contiguous();
   const int n_tiles = (T + kTile - 1) / kTile;
   at::Tensor delta = at::empty({B, H, T}, lse.options());
-  at::Tensor dq_accum = at::zeros({B, H, static_cast<int64_t>(n_tiles) * kTile, D}, lse.options());
+  at::Tensor dq_accum = at::empty({B, H, static_cast<int64_t>(n_tiles) * kTile, D}, lse.options());  // zeroed by the delta kernel
 
   BwdParams p{};
   p.q = reinterpret_cast<const uint16_t*>(q.data_ptr());

@@ -28,7 +28,7 @@ namespace {
 
 constexpr int kThreads = 128;   // 4 warps per block, in every kernel but the element-wise ones
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 64;       // keys per forward step = queries per forward block = keys per backward block
+constexpr int kTile = 64;       // keys per forward step = keys per backward block
 constexpr int kStatTile = 32;   // granularity of the per-tile document-id ranges
 constexpr int kPad = 8;         // bf16 elements of padding after each shared-memory row
 constexpr float kLog2e = 1.4426950408889634f;

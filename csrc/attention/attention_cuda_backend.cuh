@@ -75,6 +75,8 @@ __device__ __forceinline__ float bf16_to_float(uint16_t x) { return __uint_as_fl
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
+// Four zero floats at a 16-byte aligned global address, one store.
+__device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }
 __device__ __forceinline__ void atomic_min_shared(int* p, int v) { atomicMin(p, v); }
 __device__ __forceinline__ void atomic_max_shared(int* p, int v) { atomicMax(p, v); }
 

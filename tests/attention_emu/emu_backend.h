@@ -215,6 +215,10 @@ inline float warp_xor(float v, int mask) {
 
 // Fibers never run at once, so read-modify-write is atomic here.
 inline void atomic_add_f32(float* p, float v) { *p += v; }
+inline void store_zero_16(float* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_zero_16 at an address that is not 16-byte aligned");
+  std::memset(p, 0, 16);
+}
 inline void atomic_min_shared(int* p, int v) { *p = std::min(*p, v); }
 inline void atomic_max_shared(int* p, int v) { *p = std::max(*p, v); }
 
