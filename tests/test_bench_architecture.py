@@ -1,12 +1,14 @@
-"""The architecture benchmark's curve arithmetic: loss crossings, training time from metrics records, merging."""
+"""The architecture benchmark's curve arithmetic: loss crossings, training time from metrics records, merging; attention timing."""
 
 import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+import attention_cost  # noqa: E402
 import curves  # noqa: E402
 import report_architecture  # noqa: E402
 
@@ -113,3 +115,41 @@ def test_fa2_attention_is_reported_beside_the_headline_not_over_it(tmp_path):
     assert metrics["attention_time_ratio_1024"] == 0.9 and metrics["attention_fa2_time_ratio_1024"] == pytest.approx(0.25)
     assert "[attention] the default op" in notes and "[attention_fa2]" in notes and "FlashAttention-2" in notes
     assert "| attention_fa2_time_ratio_1024 | 0.25 | | |" in table
+
+
+def test_report_names_the_per_call_sums_beside_the_step_headline(tmp_path):
+    attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "tscale_per_call_s": 0.003, "sdpa_per_call_s": 0.004,
+                          "windows": {"128": 9, "0": 3}, "batch_size": 32, "docs_per_row": 1.5,
+                          "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True, "path": "kernel"}}
+    metrics, notes, _ = report_architecture.build_report({"attention": attention}, tmp_path, None)
+    assert metrics["attention_time_ratio_1024"] == pytest.approx(0.5)
+    assert metrics["attention_per_call_time_ratio_1024"] == pytest.approx(0.75)
+    assert metrics["attention_per_call_ms_tscale_1024"] == pytest.approx(3.0)
+    assert "one backward through all of them" in notes
+
+
+def test_step_timing_runs_every_forward_then_one_backward_through_all(monkeypatch):
+    """time_step: each step calls the op once per recorded call, then autograd once, with every call's q, k, v."""
+    g = torch.Generator().manual_seed(0)
+    calls = [{"q": torch.randn(1, 2, 8, 4, generator=g), "k": torch.randn(1, 2, 8, 4, generator=g),
+              "v": torch.randn(1, 2, 8, 4, generator=g), "doc_ids": None, "window": w, "sink": True, "scale": 0.5}
+             for w in (4, 0, 4)]
+    forwards, backwards = [], []
+
+    def op(q, k, v, doc_ids, window, sink, scale):  # (B, T, H, D) leaves, like the real ops' first arguments
+        forwards.append(window)
+        return (q * k).sum(-1, keepdim=True) * v * scale
+
+    real_grad = torch.autograd.grad
+
+    def counting_grad(outputs, inputs, grad_outputs):
+        backwards.append((len(outputs), len(inputs)))
+        grads = real_grad(outputs, inputs, grad_outputs)
+        assert all(g_ is not None and torch.isfinite(g_).all() and g_.abs().sum() > 0 for g_ in grads)
+        return grads
+
+    monkeypatch.setattr(attention_cost.torch.autograd, "grad", counting_grad)
+    seconds = attention_cost.time_step(op, calls, torch.device("cpu"), repeats=2, warmup=1)
+    assert seconds > 0
+    assert forwards == [4, 0, 4] + [4, 0, 4] * 3  # one call each to make dO, then warm-up + 2 timed steps
+    assert backwards == [(3, 9)] * 3

@@ -3,12 +3,18 @@
 The inputs are the model's own: one forward pass of the tscale model over a real batch of
 training windows records every call of its attention op (q, k, v as the layer makes them,
 under the same autocast as training; the layer's window; the document ids from the batch's
-real document boundaries; sink; scale). Each recorded call is then timed forward + backward
+real document boundaries; sink; scale). The recorded calls are then timed forward + backward
 twice on the same q, k, v: through the op the model calls (whatever tscale.ops picks: the
 path it reported is returned), in the dtype the model hands it, and through
 F.scaled_dot_product_attention(is_causal=True) in the autocast dtype (bf16 on CUDA: the flash
 kernel GPT-2 runs), the "same model with full causal attention in every layer". Both are
-wrapped in torch.compile on CUDA, as in training; CUDA events time them. With impl "fa2" the
+wrapped in torch.compile on CUDA, as in training; CUDA events time them, two ways:
+  step      (tscale_s, sdpa_s: the headline) all calls as a training step runs them, every
+            forward in layer order and then one backward through all of them, so the host
+            queues the step ahead of the GPU as it does in training;
+  per call  (tscale_per_call_s, sdpa_per_call_s) each call's forward + backward timed alone and
+            summed; each call then pays the host's dispatch of its own backward, which a step
+            hides, so this sum is the larger and noisier one. With impl "fa2" the
 model's side runs tscale.ops.attention_fa2 instead (`train.attention = "fa2"`), on the (B, T,
 H, D) layout the layer makes and over the document runs of the recorded ids, built outside the
 timing as the training loop builds them before a step.
@@ -96,16 +102,36 @@ def _leaf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return t.detach().transpose(1, 2).to(dtype or t.dtype).contiguous().requires_grad_()
 
 
+def _inputs(op, call: dict, dtype: torch.dtype | None):
+    """Leaves q, k, v of one recorded call (cast to `dtype` if given), the op's other arguments and a fixed dO."""
+    leaves = [_leaf(call[n], dtype) for n in ("q", "k", "v")]
+    args = (call.get("runs", call["doc_ids"]), call["window"], call["sink"], call["scale"])
+    return leaves, args, torch.randn_like(op(*leaves, *args))
+
+
 def time_call(op, call: dict, device: torch.device, repeats: int, warmup: int = 3,
               dtype: torch.dtype | None = None) -> float:
     """Seconds for forward + backward of one recorded call through `op`, its q, k, v cast to `dtype` if given."""
-    q, k, v = (_leaf(call[n], dtype) for n in ("q", "k", "v"))
-    args = (call.get("runs", call["doc_ids"]), call["window"], call["sink"], call["scale"])
-    grad = torch.randn_like(op(q, k, v, *args))
+    leaves, args, grad = _inputs(op, call, dtype)
 
     def step():
-        out = op(q, k, v, *args)
-        torch.autograd.grad(out, (q, k, v), grad)
+        out = op(*leaves, *args)
+        torch.autograd.grad(out, leaves, grad)
+
+    return time_per_call(step, device, repeats, warmup=warmup)
+
+
+def time_step(op, calls: list[dict], device: torch.device, repeats: int, warmup: int = 3,
+              dtype: torch.dtype | None = None) -> float:
+    """Seconds for all recorded calls as a training step runs them: every forward in layer order, then one
+    backward through all of them (a single autograd call), so the host queues the whole step ahead of the GPU."""
+    inputs = [_inputs(op, call, dtype) for call in calls]
+    leaves = [t for call_leaves, _, _ in inputs for t in call_leaves]
+    grads = [grad for _, _, grad in inputs]
+
+    def step():
+        outs = [op(*call_leaves, *args) for call_leaves, args, _ in inputs]
+        torch.autograd.grad(outs, leaves, grads)
 
     return time_per_call(step, device, repeats, warmup=warmup)
 
@@ -137,8 +163,10 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
     docs = calls[0]["doc_ids"]
     return {
         "path": said or "not reported by tscale.ops (reported earlier in this process)",
-        "tscale_s": sum(p["tscale_s"] for p in per_layer),
-        "sdpa_s": sum(p["sdpa_s"] for p in per_layer),
+        "tscale_s": time_step(ours, calls, device, repeats, warmup),
+        "sdpa_s": time_step(sdpa, calls, device, repeats, warmup, dtype=amp_dtype),
+        "tscale_per_call_s": sum(p["tscale_s"] for p in per_layer),
+        "sdpa_per_call_s": sum(p["sdpa_s"] for p in per_layer),
         "per_layer": per_layer,
         "windows": dict(Counter(str(p["window"]) for p in per_layer)),
         "shape": list(q.shape), "dtype": str(q.dtype).replace("torch.", ""),

@@ -120,6 +120,10 @@ def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
         m[f"{key}_time_ratio_{seq_len}"] = round(c["tscale_s"] / c["sdpa_s"], 4)
         m[f"{key}_ms_tscale_{seq_len}"] = round(1e3 * c["tscale_s"], 3)
         m[f"{key}_ms_sdpa_{seq_len}"] = round(1e3 * c["sdpa_s"], 3)
+        if "tscale_per_call_s" in c:
+            m[f"{key}_per_call_time_ratio_{seq_len}"] = round(c["tscale_per_call_s"] / c["sdpa_per_call_s"], 4)
+            m[f"{key}_per_call_ms_tscale_{seq_len}"] = round(1e3 * c["tscale_per_call_s"], 3)
+            m[f"{key}_per_call_ms_sdpa_{seq_len}"] = round(1e3 * c["sdpa_per_call_s"], 3)
         layers = ", ".join(f"{n} x {'global' if w == '0' else 'window ' + w}" for w, n in c["windows"].items())
         pieces.append(f"T={seq_len}: B={c['batch_size']}, {layers}, {c['docs_per_row']:.2f} documents per row")
     first = next(iter(att.values()))
@@ -128,7 +132,11 @@ def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
             f"recorded from the tscale model's own forward over a run's first real batch (document ids from its "
             f"real boundaries); path: {first['path']}; baseline: F.scaled_dot_product_attention(is_causal=True) "
             f"on the same q, k, v in {first.get('sdpa_dtype', first['dtype'])} in every layer; both "
-            f"torch.compile'd, CUDA events. " + "; ".join(pieces) + ".")
+            f"torch.compile'd, CUDA events. "
+            + ("Headline: all calls of the step timed together (every forward in layer order, then one backward "
+               "through all of them, as a training step runs them); *_per_call_*: each call's forward + backward "
+               "timed alone, summed. " if "tscale_per_call_s" in first else "Each call timed alone, summed. ")
+            + "; ".join(pieces) + ".")
     return m, {key: note}
 
 
