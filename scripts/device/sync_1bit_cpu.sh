@@ -8,7 +8,9 @@
 # `sync_1bit.py --skip-quality` (speed only: quality does not depend on the machine) with its
 # record written under OUT_DIR, not over docs/bench/sync_1bit.json, whose quality part stays.
 # Each process gets cores / processes threads (sync_1bit.py). Stops early, saying why, where
-# network namespaces or tc are missing.
+# network namespaces or tc are missing; a machine without iproute2 can use the one
+# scripts/device/bundle_iproute2.sh carries (its bin/ first on PATH). S1B_REPEATS: runs of each
+# mode per world size (default 2).
 set -u
 CORPUS=${1:?usage: sync_1bit_cpu.sh CORPUS TOKENIZER_JSON OUT_DIR}
 TOKENIZER=${2:?usage: sync_1bit_cpu.sh CORPUS TOKENIZER_JSON OUT_DIR}
@@ -23,5 +25,5 @@ fi
 ip netns delete ts1b-probe
 echo "cores: $(nproc)"
 python3 -m tscale tokenize "$CORPUS" --tokenizer "$TOKENIZER" -o .cache/mix-bpe8192 -q || exit 1
-python3 scripts/bench/sync_1bit.py --tokens .cache/mix-bpe8192 --worlds 2 4 --repeats 2 --skip-quality \
+python3 scripts/bench/sync_1bit.py --tokens .cache/mix-bpe8192 --worlds 2 4 --repeats "${S1B_REPEATS:-2}" --skip-quality \
   --out-dir "$OUT" --raw "$OUT/sync1bit-raw.json"
