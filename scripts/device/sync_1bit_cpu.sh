@@ -24,6 +24,10 @@ if ! ip netns add ts1b-probe 2> "$OUT/netns-probe.log"; then
 fi
 ip netns delete ts1b-probe
 echo "cores: $(nproc)"
-python3 -m tscale tokenize "$CORPUS" --tokenizer "$TOKENIZER" -o .cache/mix-bpe8192 -q || exit 1
+if [ -f .cache/mix-bpe8192/manifest.json ]; then
+  echo "tokens: reusing .cache/mix-bpe8192"
+else
+  python3 -m tscale tokenize "$CORPUS" --tokenizer "$TOKENIZER" -o .cache/mix-bpe8192 -q || exit 1
+fi
 python3 scripts/bench/sync_1bit.py --tokens .cache/mix-bpe8192 --worlds 2 4 --repeats "${S1B_REPEATS:-2}" --skip-quality \
   --out-dir "$OUT" --raw "$OUT/sync1bit-raw.json"
