@@ -21,8 +21,8 @@ import pytest
 import torch
 from helpers_attention import doc_ids
 
-from tscale.ops.attention import (_kernel_op, attention, attention_kernel, attention_path, attention_reference,
-                                  kernel_unusable_reason)
+from tscale.ops.attention import (_attention_backward_op, _attention_op, _kernel_op, attention, attention_kernel,
+                                  attention_path, attention_reference, kernel_unusable_reason)
 from tscale.ops.backend import cuda_kernels_available, kernels_available
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,6 +275,17 @@ def test_path_selection_on_cpu(monkeypatch):
     monkeypatch.setenv("TSCALE_ATTENTION", "kernel")
     with pytest.raises(ValueError, match="fused kernel"):
         attention_path(q, k, v)
+
+
+def test_reference_ops_fake_kernels_match_on_strided_inputs():
+    """The model hands the op (B, T, H, D) storage seen as (B, H, T, D); the fakes must give the real outputs'
+    layouts (contiguous) or torch.compile's stride checks fail on the backward."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(2, 12, 3, 8, generator=g).transpose(1, 2) for _ in range(4))  # (B, H, T, D) views
+    docs = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    for op, args in ((_attention_op, (q, k, v, docs, 4, True, 0.3)),
+                     (_attention_backward_op, (do.contiguous(), q, k, v, docs, 4, True, 0.3))):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_forced_paths_agree_on_cpu(monkeypatch):

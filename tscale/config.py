@@ -126,6 +126,9 @@ class TrainConfig(_Section):
     # the training steps' attention (tscale architecture): "auto" is tscale.ops.attention's choice (the fused
     # kernel on a GPU); "fa2" is torch's FlashAttention-2 over the batch's document runs (tscale/ops/attention_fa2.py)
     attention: Literal["auto", "fa2"] = "auto"
+    # the step's loss straight from the head's input, a chunk of tokens of logits at a time, none of them kept
+    # (tscale/ops/fused_loss.py): less memory; models without the token index; the head must stay a plain layer
+    fused_loss: bool = False
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)
     ckpt_every: int = Field(500, ge=0)

@@ -184,7 +184,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     features = open_features(cfg, folder)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
-    convert_linears_as_configured(model, cfg.precision)
+    converted = convert_linears_as_configured(model, cfg.precision)
+    if cfg.train.fused_loss and "lm_head" in converted:
+        raise UserError(f'train.fused_loss needs the head as a plain layer, but precision.recipe = '
+                        f'"{cfg.precision.recipe}" converts lm_head: keep "head" in precision.exclude')
     if env.active:
         torch.manual_seed(cfg.train.seed + 1000 * env.rank)  # own dropout masks per rank
     loader = TrainLoader(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed, env.rank, env.world,
@@ -210,11 +213,16 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         """(B, T) ids [+ index features] [+ document runs] -> scalar; one graph under compile, logits never kept."""
         extra = {"runs": runs} if runs is not None else {}
         if feats is None:
+            if cfg.train.fused_loss:
+                return replicas.module(x, loss_targets=y, **extra)
             return mean_loss(replicas.module(x, **extra), y)
         if cfg.index.dropout:
             feats = feats.drop_windows(cfg.index.dropout)
         return replicas.module(x, index=feats, targets=y, **extra).mean()
 
+    if cfg.train.fused_loss and cfg.index.enabled:
+        raise UserError("train.fused_loss does not apply to a model with the token index (its loss is the "
+                        "mixture's): set train.fused_loss = false")
     fa2 = cfg.train.attention == "fa2"
     if fa2:
         why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale"

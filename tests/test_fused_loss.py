@@ -1,0 +1,131 @@
+"""The chunked head loss (tscale/ops/fused_loss.py) against its reference, inside both models and in training."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tscale.config import IndexConfig, ModelConfig, load_config
+from tscale.data.tokenize import tokenize_corpus
+from tscale.errors import UserError
+from tscale.model import build_model
+from tscale.model.loss import chunked_mean_loss, mean_loss
+from tscale.ops.fused_loss import chunked_head_loss, head_loss_reference
+from tscale.train.loop import train_run
+
+
+def _case(N=37, d=16, V_pad=24, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, d, generator=g, dtype=dtype)
+    weight = (torch.randn(V_pad, d, generator=g) * 0.5).to(dtype)
+    targets = torch.randint(0, 21, (N,), generator=g)
+    return hidden, weight, targets
+
+
+def _loss_and_grads(fn, hidden, weight, targets, **kw):
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss = fn(h, w, targets, **kw)
+    (3.0 * loss).backward()  # an upstream gradient other than 1
+    return loss.detach(), h.grad, w.grad
+
+
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize("chunk", [1, 8, 100])  # one token at a time, chunks that do not divide N, one chunk
+def test_chunked_loss_matches_the_reference_in_float32(softcap, chunk):
+    hidden, weight, targets = _case()
+    want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=21, softcap=softcap)
+    got = _loss_and_grads(chunked_head_loss, hidden, weight, targets, vocab_size=21, softcap=softcap, chunk=chunk)
+    for name, a, b in zip(("loss", "hidden grad", "weight grad"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+    assert torch.all(got[2][21:] == 0), "the head's padding rows get no gradient"
+    assert got[1].abs().sum() > 0 and got[2][:21].abs().sum() > 0
+
+
+def test_chunked_loss_under_bfloat16_autocast_matches_the_reference():
+    hidden, weight, targets = _case(N=64, d=32, V_pad=64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=21, softcap=15.0)
+        got = _loss_and_grads(chunked_head_loss, hidden, weight, targets, vocab_size=21, softcap=15.0, chunk=16)
+    assert got[1].dtype == hidden.dtype and got[2].dtype == weight.dtype
+    torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=1e-3)
+    for a, b in zip(got[1:], want[1:]):
+        assert (a - b).abs().max() <= 0.02 * b.abs().max()
+
+
+def test_chunked_loss_rejects_bad_shapes():
+    hidden, weight, targets = _case()
+    with pytest.raises(ValueError, match="targets"):
+        chunked_head_loss(hidden, weight, targets[:-1], 21)
+    with pytest.raises(ValueError, match="chunk"):
+        chunked_head_loss(hidden, weight, targets, 21, chunk=0)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "tscale"])
+def test_models_give_the_same_loss_and_gradients_either_way(arch):
+    extra = dict(head_dim=16, window=8, global_every=2, logit_softcap=10.0, zero_init=False) if arch == "tscale" else {}
+    cfg = ModelConfig(arch=arch, vocab_size=100, eos_id=99, n_layer=2, n_head=2, d_model=32, seq_len=16, **extra)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    idx, targets = torch.randint(0, 100, (3, 16)), torch.randint(0, 100, (3, 16))
+    results = []
+    for fused in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = model(idx, loss_targets=targets) if fused else mean_loss(model(idx), targets)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (plain, plain_grads), (fused, fused_grads) = results
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+    assert plain_grads.keys() == fused_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory, shakespeare_jsonl) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tokens"
+    tokenize_corpus([shakespeare_jsonl], out, vocab_size=512, quiet=True)
+    return out
+
+
+ARGS = ['model.arch="tscale"', "model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.head_dim=16",
+        "model.seq_len=32", "model.window=8", "model.global_every=2", "train.batch_size=4", "optim.warmup_steps=0",
+        "train.eval_every=0", "train.ckpt_every=0", "train.log_every=1", "train.steps=5"]
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_training_with_the_fused_loss_follows_the_plain_one(tokens, tmp_path, monkeypatch):
+    import tscale.model.loss as loss_module
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return chunked_head_loss(*args, **kwargs)
+
+    monkeypatch.setattr(loss_module, "chunked_head_loss", counting)
+    curves = {}
+    for fused in ("false", "true"):
+        cfg = load_config(None, [*ARGS, f'data.tokens="{tokens}"', f"train.fused_loss={fused}"])
+        train_run(cfg, tmp_path / fused, quiet=True)
+        curves[fused] = _losses(tmp_path / fused)
+    assert len(curves["true"]) == 5 and calls == [(4 * 32, 32)] * 5  # the fused run's steps, and only those
+    assert curves["true"] == pytest.approx(curves["false"], rel=1e-4)
+
+
+def test_fused_loss_refuses_a_converted_head(tokens, tmp_path):
+    cfg = load_config(None, [*ARGS, f'data.tokens="{tokens}"', "train.fused_loss=true",
+                             'precision.recipe="int8_rowwise"', "precision.exclude=[]"])
+    with pytest.raises(UserError, match="precision.exclude"):
+        train_run(cfg, tmp_path / "converted", quiet=True)
+
+
+def test_chunked_loss_refuses_a_model_with_the_index():
+    cfg = ModelConfig(arch="gpt2", vocab_size=100, eos_id=99, n_layer=1, n_head=2, d_model=32, seq_len=16)
+    model = build_model(cfg, IndexConfig(path="unused", mixer=True))
+    assert model.index is not None
+    with pytest.raises(ValueError, match="is for models without the token index"):
+        chunked_mean_loss(model.lm_head, torch.randn(1, 16, 32), torch.randint(0, 100, (1, 16)), 100, 0.0, model.index)
