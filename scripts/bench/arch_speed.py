@@ -1,7 +1,7 @@
 """Training tokens/s of the tscale architecture against gpt2 at 124M, per torch.compile mode.
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
-                                       [--fa2] [--out-dir docs/bench]
+                                       [--fa2] [--fused-loss] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -12,10 +12,13 @@ tokenized with the GPT-2 BPE (the document boundaries decide which attention til
 kernel skips), e.g. the benchmark corpus of DESIGN.md.
 
 --fa2 adds tscale with `train.attention = "fa2"` (torch's FlashAttention-2 over the batch's
-document runs) as a third preset, "tscale_fa2".
+document runs) as a preset "tscale_fa2"; --fused-loss tscale with `train.fused_loss = true`
+(the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss".
 
-Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>
-and arch_speed_ratio_<mode> = tscale / gpt2 (with --fa2 also arch_speed_ratio_fa2_<mode>). The headline `throughput_ratio` stays the one of the
+Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,
+arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
+arch_speed_ratio_<mode> = tscale / gpt2 (with --fa2 also arch_speed_ratio_fa2_<mode>, with
+--fused-loss arch_speed_ratio_fused_loss_<mode>). The headline `throughput_ratio` stays the one of the
 convergence runs (docs/architecture.md); this measures the same ratio without a training run
 around it, so that a change of the step (the optimizer, CUDA graphs) can be timed alone.
 """
@@ -36,12 +39,13 @@ from tscale.config import load_config  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
 ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
-         "tscale_fa2": "configs/tscale-124m.toml"}
-EXTRA = {"tscale_fa2": ['train.attention="fa2"']}
+         "tscale_fa2": "configs/tscale-124m.toml", "tscale_fused_loss": "configs/tscale-124m.toml"}
+EXTRA = {"tscale_fa2": ['train.attention="fa2"'], "tscale_fused_loss": ["train.fused_loss=true"]}
 
 
-def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int) -> float:
-    """tokens/s of one preset in one compile mode, after `warmup` steps."""
+def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int) -> tuple[float, float]:
+    """(tokens/s after `warmup` steps, peak GiB of GPU memory allocated) of one preset in one compile mode."""
+    torch.cuda.reset_peak_memory_stats()
     cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []),
         f"train.steps={warmup + steps}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=5", "train.compile=true", f'train.compile_mode="{mode}"',
@@ -49,7 +53,7 @@ def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int
     with tempfile.TemporaryDirectory() as tmp:
         train_run(cfg, Path(tmp) / "run", quiet=True)
         records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-    return harmonic_rate(records, warmup)
+    return harmonic_rate(records, warmup), torch.cuda.max_memory_allocated() / 2**30
 
 
 def main() -> None:
@@ -61,6 +65,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="steps before timing (compile included)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--fa2", action="store_true", help='also tscale with train.attention = "fa2"')
+    ap.add_argument("--fused-loss", action="store_true", help="also tscale with train.fused_loss = true")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -71,17 +76,22 @@ def main() -> None:
     for mode in args.modes:
         key = mode.replace("-", "_")
         rates = {}
-        for arch in [a for a in ARCHS if args.fa2 or a != "tscale_fa2"]:
-            rates[arch] = rate(arch, args.tokens, mode, args.steps, args.warmup, args.batch_size)
-            print(f"{arch} ({mode}): {rates[arch]:,.0f} tokens/s", flush=True)
+        chosen = {"tscale_fa2": args.fa2, "tscale_fused_loss": args.fused_loss}
+        for arch in [a for a in ARCHS if chosen.get(a, True)]:
+            rates[arch], peak = rate(arch, args.tokens, mode, args.steps, args.warmup, args.batch_size)
+            print(f"{arch} ({mode}): {rates[arch]:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
             metrics[f"arch_speed_tokens_per_s_{arch}_{key}"] = round(rates[arch])
+            metrics[f"arch_speed_peak_gib_{arch}_{key}"] = round(peak, 2)
             torch.cuda.empty_cache()
         metrics[f"arch_speed_ratio_{key}"] = round(rates["tscale"] / rates["gpt2"], 4)
         if "tscale_fa2" in rates:
             metrics[f"arch_speed_ratio_fa2_{key}"] = round(rates["tscale_fa2"] / rates["gpt2"], 4)
+        if "tscale_fused_loss" in rates:
+            metrics[f"arch_speed_ratio_fused_loss_{key}"] = round(rates["tscale_fused_loss"] / rates["gpt2"], 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
-            f"{' (also with train.attention = fa2)' if args.fa2 else ''} on {args.tokens.name}, "
+            f"{' (also with train.attention = fa2)' if args.fa2 else ''}"
+            f"{' (also with train.fused_loss = true)' if args.fused_loss else ''} on {args.tokens.name}, "
             f"batch {args.batch_size} x 1024, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")
     print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")
