@@ -129,3 +129,22 @@ def test_chunked_loss_refuses_a_model_with_the_index():
     assert model.index is not None
     with pytest.raises(ValueError, match="is for models without the token index"):
         chunked_mean_loss(model.lm_head, torch.randn(1, 16, 32), torch.randint(0, 100, (1, 16)), 100, 0.0, model.index)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_chunked_loss_on_cuda_under_bfloat16_autocast(compiled):
+    """The GPT-2 vocabulary padded as the models pad it, several chunks, soft-cap on; eager and compiled."""
+    g = torch.Generator().manual_seed(0)
+    N, d, V, V_pad = 5000, 256, 50257, 50304
+    hidden = torch.randn(N, d, generator=g).cuda()
+    weight = (torch.randn(V_pad, d, generator=g) * 0.05).cuda()
+    targets = torch.randint(0, V, (N,), generator=g).cuda()
+    fused = torch.compile(chunked_head_loss) if compiled else chunked_head_loss
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=V, softcap=15.0)
+        got = _loss_and_grads(fused, hidden, weight, targets, vocab_size=V, softcap=15.0, chunk=2048)
+    torch.testing.assert_close(got[0], want[0], rtol=2e-3, atol=2e-3)
+    for a, b in zip(got[1:], want[1:]):
+        assert torch.isfinite(a).all() and (a - b).abs().max() <= 0.02 * b.abs().max()
