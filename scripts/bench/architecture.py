@@ -271,6 +271,8 @@ def main() -> None:
     args.tokens = (args.tokens or args.work / "tokens").resolve()
     if args.command in ("warmup", "convergence") and not args.arch:
         ap.error(f"{args.command} needs --arch")
+    if args.beside and not (args.command == "convergence" and args.arch == "tscale"):
+        ap.error("--beside applies to `convergence --arch tscale` only (gpt2's run always trains its whole budget)")
     {"warmup": cmd_warmup, "convergence": cmd_convergence, "attention": cmd_attention,
      "report": cmd_report}[args.command](args, s)
 

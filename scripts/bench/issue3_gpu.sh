@@ -110,15 +110,11 @@ if [ "$part" = 1 ]; then
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
 elif [ "$part" = 1x2 ]; then
   tokenize
-  half=$(( $(nproc) / 2 ))
-  pin0=(); pin1=()
-  if command -v taskset > /dev/null && [ "$half" -gt 0 ]; then
-    pin0=(taskset -c "0-$(( half - 1 ))"); pin1=(taskset -c "$half-$(( $(nproc) - 1 ))")
-  fi
+  source scripts/device/cpu_halves.sh  # PIN0, PIN1
   say "gpt2 (GPU 0) and tscale (GPU 1) convergence runs side by side"
-  ( CUDA_VISIBLE_DEVICES=0 bounded "${pin0[@]}" python $bench/architecture.py convergence --arch gpt2 "${common[@]}" \
+  ( CUDA_VISIBLE_DEVICES=0 bounded "${PIN0[@]}" python $bench/architecture.py convergence --arch gpt2 "${common[@]}" \
       || say "gpt2 run failed" ) & run_gpt2=$!
-  ( CUDA_VISIBLE_DEVICES=1 bounded "${pin1[@]}" python $bench/architecture.py convergence --arch tscale --beside \
+  ( CUDA_VISIBLE_DEVICES=1 bounded "${PIN1[@]}" python $bench/architecture.py convergence --arch tscale --beside \
       "${common[@]}" || say "tscale run failed" ) & run_tscale=$!
   wait "$run_gpt2" "$run_tscale"  # a bare wait would also wait for the log's tee
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"

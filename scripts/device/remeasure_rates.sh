@@ -21,14 +21,12 @@ OUT=${3:?usage: remeasure_rates.sh PART TOKENS OUT_DIR [SECONDS]}
 deadline=$(( $(date +%s) + ${4:-570} ))
 left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 mkdir -p "$OUT"
-half=$(( $(nproc) / 2 ))
-pin0="taskset -c 0-$(( half - 1 ))"; pin1="taskset -c $half-$(( $(nproc) - 1 ))"
-command -v taskset > /dev/null || { pin0=""; pin1=""; }
+source scripts/device/cpu_halves.sh  # PIN0, PIN1
 speed="python3 scripts/bench/lowprec_train.py speed"
 run() {  # run GPU NAME COMMAND...: one job on one GPU, its log in OUT/NAME.log, its rates echoed
-  local gpu=$1 name=$2 pin; shift 2
-  pin=$([ "$gpu" = 0 ] && echo "$pin0" || echo "$pin1")
-  CUDA_VISIBLE_DEVICES=$gpu timeout "$(left)" $pin "$@" --out-dir "$OUT/$name" > "$OUT/$name.log" 2>&1
+  local gpu=$1 name=$2; shift 2
+  local pin=("${PIN0[@]}"); [ "$gpu" = 0 ] || pin=("${PIN1[@]}")
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$(left)" "${pin[@]}" "$@" --out-dir "$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "$name: exit $?"; grep -hE "tokens/s|gradients|NOT RECORDED|Error" "$OUT/$name.log"
 }
 case $PART in
@@ -42,10 +40,10 @@ case $PART in
         --compile-mode reduce-overhead
       run 0 lowprec-124m-default $speed --sizes 124m --recipes bf16 fp8_tensorwise int8_rowwise ) &
     ( run 1 arch-speed python3 scripts/bench/arch_speed.py "$TOK" --fa2
-      CUDA_VISIBLE_DEVICES=1 timeout "$(left)" $pin1 python3 scripts/bench/lowprec_graph_check.py \
+      CUDA_VISIBLE_DEVICES=1 timeout "$(left)" "${PIN1[@]}" python3 scripts/bench/lowprec_graph_check.py \
         > "$OUT/graph-check.log" 2>&1
       echo "graph check: exit $?"; grep -h "gradients" "$OUT/graph-check.log"
-      CUDA_VISIBLE_DEVICES=1 timeout "$(left)" $pin1 python3 scripts/bench/arch_profile.py "$TOK" \
+      CUDA_VISIBLE_DEVICES=1 timeout "$(left)" "${PIN1[@]}" python3 scripts/bench/arch_profile.py "$TOK" \
         --out "$OUT/arch_profile.json" > "$OUT/arch-profile.log" 2>&1
       echo "arch profile: exit $?"; grep -h "^==" "$OUT/arch-profile.log" ) &
     wait ;;
