@@ -24,22 +24,16 @@ import sys
 
 import torch
 
+from tscale.ops.attention import attention_reference
+
 B, T, H, D = 4, 256, 2, 128
 TOL = 0.03
 
 
 def reference(q, k, v, docs, sink: bool, scale: float) -> torch.Tensor:
-    """Causal attention within documents, float64: q, k, v (B, T, H, D) -> (B, T, H, D)."""
+    """tscale's attention_reference in float64, causal within documents: q, k, v (B, T, H, D) -> (B, T, H, D)."""
     qh, kh, vh = (t.transpose(1, 2).double() for t in (q, k, v))  # (B, H, T, D)
-    s = qh @ kh.transpose(-1, -2) * scale  # (B, H, T, T)
-    pos = torch.arange(T, device=q.device)
-    visible = (pos[None, :] <= pos[:, None])[None] & (docs[:, :, None] == docs[:, None, :])  # (B, T, T)
-    s = s.masked_fill(~visible[:, None], float("-inf"))
-    if sink:
-        p = torch.cat([s, torch.zeros_like(s[..., :1])], -1).softmax(-1)[..., :-1]
-    else:
-        p = s.softmax(-1)
-    return (p @ vh).transpose(1, 2)
+    return attention_reference(qh, kh, vh, window=0, doc_ids=docs, sink=sink, scale=scale).transpose(1, 2)
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
