@@ -73,11 +73,12 @@ def main() -> None:
     if not (args.tokens / "manifest.json").is_file():
         raise SystemExit(f"{args.tokens}: not a token folder (no manifest.json); make one with `tscale tokenize`")
     metrics = {}
+    chosen = {"tscale_fa2": args.fa2, "tscale_fused_loss": args.fused_loss}
+    archs = [a for a in ARCHS if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_")
         rates = {}
-        chosen = {"tscale_fa2": args.fa2, "tscale_fused_loss": args.fused_loss}
-        for arch in [a for a in ARCHS if chosen.get(a, True)]:
+        for arch in archs:
             rates[arch], peak = rate(arch, args.tokens, mode, args.steps, args.warmup, args.batch_size)
             print(f"{arch} ({mode}): {rates[arch]:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
             metrics[f"arch_speed_tokens_per_s_{arch}_{key}"] = round(rates[arch])

@@ -18,9 +18,6 @@ def mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(B * T, V), targets.reshape(B * T))
 
 
-HEAD_LOSS_CHUNK = 2048  # tokens of logits at a time in the chunked head loss (2048 x 50,257 fp32: 0.4 GB a buffer)
-
-
 def chunked_mean_loss(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, vocab_size: int,
                       softcap: float = 0.0, index_adapter: nn.Module | None = None) -> torch.Tensor:
     """Mean loss of the head (a plain nn.Linear) over hidden (B, T, C) and targets (B, T), logits made a chunk of
@@ -31,5 +28,4 @@ def chunked_mean_loss(head: nn.Module, hidden: torch.Tensor, targets: torch.Tens
     if type(head) is not nn.Linear or head.bias is not None:
         raise ValueError(f"the chunked head loss needs the head as a plain nn.Linear without bias, not "
                          f"{type(head).__name__} (keep the head out of precision's converted layers)")
-    return chunked_head_loss(hidden.flatten(0, 1), head.weight, targets.flatten(), vocab_size, softcap,
-                             HEAD_LOSS_CHUNK)
+    return chunked_head_loss(hidden.flatten(0, 1), head.weight, targets.flatten(), vocab_size, softcap)

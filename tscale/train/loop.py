@@ -185,6 +185,9 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
     converted = convert_linears_as_configured(model, cfg.precision)
+    if cfg.train.fused_loss and cfg.index.enabled:
+        raise UserError("train.fused_loss does not apply to a model with the token index (its loss is the "
+                        "mixture's): set train.fused_loss = false")
     if cfg.train.fused_loss and "lm_head" in converted:
         raise UserError(f'train.fused_loss needs the head as a plain layer, but precision.recipe = '
                         f'"{cfg.precision.recipe}" converts lm_head: keep "head" in precision.exclude')
@@ -220,9 +223,6 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
             feats = feats.drop_windows(cfg.index.dropout)
         return replicas.module(x, index=feats, targets=y, **extra).mean()
 
-    if cfg.train.fused_loss and cfg.index.enabled:
-        raise UserError("train.fused_loss does not apply to a model with the token index (its loss is the "
-                        "mixture's): set train.fused_loss = false")
     fa2 = cfg.train.attention == "fa2"
     if fa2:
         why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale"
