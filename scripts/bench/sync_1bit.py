@@ -10,7 +10,10 @@ runs. Quality: the same model and batch, 2 processes on loopback (the loss does 
 the link), `--quality-steps` steps uncompressed and with 1-bit Adam (fp32 for the first
 `--quality-warmup` of them, 30% by default), validation loss at the last step. All processes share this machine's cores, so compute is
 small on purpose (a short sequence, batch 1) and the numbers vary with the load: the script
-prints the load average and repeats the speed runs `--repeats` times.
+prints the load average and repeats the speed runs `--repeats` times. Each process's intra-op
+pool gets half of its emulated host's cores (`--threads`): with all of them, Gloo's threads and
+the exchange's callbacks had no core left, and 4 processes on 16 cores took 0.84 s a 1-bit step
+instead of 0.34 s (docs/BENCHMARKS.md).
 """
 
 import argparse
@@ -76,7 +79,7 @@ def load() -> float:
 def speed(args, world: int, work: Path) -> dict:
     subprocess.run([str(NETNS), "up", str(world), "1gbit"], check=True)
     try:
-        threads = max(1, (os.cpu_count() or 1) // world)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // world // 2)
         out = {"none": [], "onebit": []}
         for rep in range(args.repeats):
             for mode in ("none", "onebit"):
@@ -94,7 +97,7 @@ def speed(args, world: int, work: Path) -> dict:
                     times = step_times(recs, warm + 2)
                 comm = [r for r in recs if "comm_bytes" in r][-1]
                 med = statistics.median(times)
-                out[mode].append({"median_s": med, "min_s": min(times), "max_s": max(times), "n": len(times),
+                out[mode].append({"threads": threads, "median_s": med, "min_s": min(times), "max_s": max(times), "n": len(times),
                                   "load_before": before, "load_after": load(),
                                   "bytes_ratio": comm["comm_bytes"] / comm["comm_bytes_fp32"]})
                 print(f"world {world} {mode} rep {rep}: median step {med:.3f} s (min {min(times):.3f}, "
@@ -133,6 +136,8 @@ def main() -> None:
     ap.add_argument("--quality-steps", type=int, default=300)
     ap.add_argument("--quality-warmup", type=float, default=0.3, help="share of the quality run before compression")
     ap.add_argument("--eval-batches", type=int, default=200)
+    ap.add_argument("--threads", type=int, help="intra-op threads per process (default: half of each emulated host's "
+                    "cores, cores / world / 2; the other half runs Gloo and the exchange's callbacks)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="compute precision (CPU autocast) of every run; the exchanged values are float32 either way")
     ap.add_argument("--skip-quality", action="store_true")
@@ -179,7 +184,9 @@ def main() -> None:
         metrics["bytes_ratio_whole_run_with_warmup"] = q["onebit"]["bytes_ratio_run"]
     notes = (f"{n_params:,}-parameter gpt2 (9 x 640, vocab 8192, seq 64, batch 1 per process), CPU, {args.dtype} "
              f"compute, float32 weights and exchange, Gloo, {os.cpu_count()} cores; "
-             f"speed: one process per network namespace, veths capped at 1 Gbit/s (tbf), median step time, "
+             f"speed: one process per network namespace, veths capped at 1 Gbit/s (tbf), "
+             f"{results['speed'][args.worlds[-1]]['none'][0].get('threads', '?')} intra-op threads per process at "
+             f"{args.worlds[-1]} processes, median step time, "
              f"{len(results['speed'][args.worlds[0]]['none'])} repeats (spread in docs/BENCHMARKS.md); quality: 2 processes on loopback, "
              f"{args.quality_steps} steps, 1-bit after {round(args.quality_steps * args.quality_warmup)} fp32 steps")
     print(json.dumps(metrics, indent=1))
