@@ -5,6 +5,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,16 @@ def test_resume_with_another_world_size_is_refused(runs, run_cli, tmp_path):
     lines = out.strip().splitlines()
     assert code == 2 and len(lines) == 1, out
     assert lines[0].startswith("tscale train: error: ") and "2 process(es), this launch has 1" in lines[0]
+
+
+@pytest.mark.parametrize("world, preset, expected", [("2", None, "PASSIVE"), ("4", "ACTIVE", "ACTIVE"),
+                                                     ("1", None, None), (None, None, None)])
+def test_launched_processes_let_idle_openmp_threads_sleep(world, preset, expected):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "OMP_WAIT_POLICY")}
+    env.update({k: v for k, v in (("WORLD_SIZE", world), ("OMP_WAIT_POLICY", preset)) if v is not None})
+    code = "import os, tscale.cli.main; print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(expected)
 
 
 def test_torchrun_launch_rank0_reports_once(tokens, tmp_path):
