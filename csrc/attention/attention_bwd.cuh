@@ -22,8 +22,7 @@
 // Query tiles visited by the key tile [k0, k0 + 64): causal, from the tile of query k0; window,
 // up to the tile of query k0 + 63 + window - 1; documents, up to the last tile whose id range
 // meets the key tile's (found by all threads at once), skipping those that don't as the loop
-// reaches them. Per-element masking only where all_visible() says a pair may be hidden. Within a step
-// each warp skips the 16-query slices that the causal bound and the window keep from all of its keys.
+// reaches them. Per-element masking only where all_visible() says a pair may be hidden.
 #pragma once
 
 #include <algorithm>
@@ -183,20 +182,6 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
     const float* delta_t = delta_s + parity * BM;
     const int32_t* qdocs_t = qdocs_s + parity * BM;
 
-    // The 16-query slices [slice_lo, slice_hi] of this step that may see some key of this warp by the causal
-    // bound and the window; the others are skipped in S^T, dP^T and in dV, dK (the mask zeroes their P^T and
-    // dS^T, as such a tile pair is never all visible). Warp-uniform branches.
-    const int q0 = i * BM;
-    const int warp_first = k0 + warp * 16, warp_last = warp_first + 15;
-    int slice_lo = 0, slice_hi = BM / 16 - 1;
-    if (p.warp_skip) {
-      slice_lo = imax(0, warp_first - q0) / 16;
-      if (window > 0) {
-        const int latest = warp_last + window - 1 - q0;  // the last query, from q0, that sees one of our keys
-        slice_hi = latest < 0 ? -1 : imin(slice_hi, latest / 16);
-      }
-    }
-
     float s[kQB][4], dp[kQB][4];  // S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp
 #pragma unroll
     for (int j = 0; j < kQB; ++j) {
@@ -210,7 +195,6 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
       load_a(av, v_s, P, warp * 16, kd16 * 16, lane);
 #pragma unroll
       for (int np = 0; np < kQB / 2; ++np) {
-        if (np < slice_lo || np > slice_hi) continue;
         uint32_t bf[4];
         load_b_nk(bf, qt_s, P, np * 16, kd16 * 16, lane);
         mma_bf16(s[2 * np], ak, bf[0], bf[1]);
@@ -222,6 +206,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
     }
 
     // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp), element by element.
+    const int q0 = i * BM;
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, query_range(i), kd);
 #pragma unroll
     for (int j = 0; j < kQB; ++j) {
@@ -241,7 +226,6 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
 
 #pragma unroll
     for (int ks = 0; ks < BM / 16; ++ks) {  // dV += P^T dO, dK += dS^T Q: 16 queries per k-step
-      if (ks < slice_lo || ks > slice_hi) continue;
       uint32_t ap[4], ad[4];
       acc_to_a(ap, s[2 * ks], s[2 * ks + 1]);
       acc_to_a(ad, dp[2 * ks], dp[2 * ks + 1]);
@@ -387,7 +371,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  p.warp_skip = warp_skip_enabled();
   DocStats stats;
   if (docs.defined()) {
     stats = doc_stats(docs, B, T, p.n_stat);

@@ -80,7 +80,6 @@ struct BwdParams {
   int T_pad;          // T rounded up to kTile
   int window;
   int n_stat;
-  bool warp_skip;     // warps skip the 16-query slices of a step that see none of their keys
   float scale;        // softmax scale, applied to dQ and dK at the end
   float scale_log2;
 };

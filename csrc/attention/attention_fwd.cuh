@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <string>
 
 #include "attention_host.h"
 
@@ -307,6 +308,13 @@ inline int fwd_rows_per_warp(int window) {
   return window > 0 && window <= 2 * kTile ? 16 : 32;
 }
 
+// Whether warps skip the key slices none of their rows can see: yes unless TSCALE_ATTENTION_WARP_SKIP=0
+// (for timing both ways in one build).
+inline bool fwd_warp_skip() {
+  const char* env = std::getenv("TSCALE_ATTENTION_WARP_SKIP");
+  return env == nullptr || std::string(env) != "0";
+}
+
 template <int D, int MT>
 void launch_fwd(const FwdParams& p) {
   const dim3 grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
@@ -343,7 +351,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, co
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.sink = sink;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  p.warp_skip = warp_skip_enabled();
+  p.warp_skip = fwd_warp_skip();
   DocStats stats;
   if (docs.defined()) {
     stats = doc_stats(docs, B, T, p.n_stat);

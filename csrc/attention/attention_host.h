@@ -8,9 +8,7 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
-#include <string>
 
 #include "attention_common.cuh"
 
@@ -46,13 +44,6 @@ inline at::Tensor kernel_layout(const at::Tensor& t) {
 }
 
 inline Strides strides_of(const at::Tensor& t) { return Strides{t.stride(0), t.stride(1), t.stride(2)}; }
-
-// Whether warps skip the slices of a tile that none of their rows can see (forward: key slices; backward: query
-// slices): yes unless TSCALE_ATTENTION_WARP_SKIP=0 (for timing both ways in one build).
-inline bool warp_skip_enabled() {
-  const char* env = std::getenv("TSCALE_ATTENTION_WARP_SKIP");
-  return env == nullptr || std::string(env) != "0";
-}
 
 // The window as the kernels take it: 0 (no limit) for window <= 0 or window >= T, where it hides nothing.
 inline int normalised_window(int64_t window, int64_t T) { return (window <= 0 || window >= T) ? 0 : static_cast<int>(window); }
