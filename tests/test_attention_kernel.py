@@ -90,11 +90,10 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd_rows,warp_skip", [("auto", "1"), ("16", "1"), ("32", "1"), ("auto", "0")])
-def test_kernel_shapes(B, H, T, D, fwd_rows, warp_skip, monkeypatch):
+@pytest.mark.parametrize("fwd_rows", ["auto", "16", "32"])
+def test_kernel_shapes(B, H, T, D, fwd_rows, monkeypatch):
     if fwd_rows != "auto":
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", fwd_rows)
-    monkeypatch.setenv("TSCALE_ATTENTION_WARP_SKIP", warp_skip)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
     _check_kernel(*case, window=128, sink=True)
     _check_kernel(*case[:4], None, window=0, sink=False)
@@ -198,7 +197,6 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd_rows, monkeypatch):
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", fwd_rows)
-    monkeypatch.setenv("TSCALE_ATTENTION_WARP_SKIP", str(1 - copy_mode))  # both ways, without more cases
     B, H, T, D, window, layout, sink = case
     emu.set_seed(T + copy_mode)
     emu.set_copy_mode(copy_mode)

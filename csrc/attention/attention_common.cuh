@@ -56,7 +56,6 @@ struct FwdParams {
   int window;         // 0: unlimited; otherwise 1 <= window < T (the host normalises)
   int n_stat;         // ceil(T / kStatTile)
   bool sink;
-  bool warp_skip;     // warps skip the 16-key slices of a tile that none of their rows can see
   float scale_log2;   // scale * log2(e)
 };
 

@@ -10,8 +10,6 @@
 // K and V have one shared buffer each; the next K tile is fetched while softmax and P V run, the
 // next V tile while the next S = Q K^T runs (cp.async groups, see the loop). The host picks MT
 // (fwd_rows_per_warp): 2 unless a window of at most 128 keys would leave the larger tile mostly masked.
-// Within a tile, each warp skips the 16-key slices that the window and the causal bound hide from all
-// of its rows (in S and in P V), which on a 128-key window is about a quarter of the products.
 //
 // Which key tiles are visited, for the query tile [q0, q0 + BM):
 //   * causal: none after the tile of key q0 + BM - 1;
@@ -30,7 +28,6 @@
 #pragma once
 
 #include <cstdlib>
-#include <string>
 
 #include "attention_host.h"
 
@@ -161,16 +158,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const FwdParams
 #pragma unroll
       for (int j = 0; j < kNB; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
     }
-    // The 16-key slices [slice_lo, slice_hi] of this tile that some row of this warp may see by the window and
-    // causal bounds; the others are skipped in S = Q K^T (their scores stay 0 and the mask hides them, as such
-    // a tile is never all visible) and in P V (their probabilities are 0). Warp-uniform branches.
-    const int k0 = t * kTile;
-    const int warp_first = q0 + wrow, warp_last = warp_first + 16 * MT - 1;
-    int slice_lo = 0, slice_hi = kTile / 16 - 1;
-    if (p.warp_skip) {
-      if (window > 0) slice_lo = imax(0, warp_first - window + 1 - k0) / 16;
-      slice_hi = warp_last < k0 ? -1 : imin(slice_hi, (warp_last - k0) / 16);
-    }
 #pragma unroll
     for (int kd = 0; kd < D / 16; ++kd) {
       uint32_t qa[MT][4];
@@ -185,7 +172,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const FwdParams
       }
 #pragma unroll
       for (int np = 0; np < kNB / 2; ++np) {
-        if (np < slice_lo || np > slice_hi) continue;
         uint32_t bf[4];
         load_b_nk(bf, k_s, P, np * 16, kd * 16, lane);
 #pragma unroll
@@ -200,6 +186,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const FwdParams
     cp_async_commit();
 
     // Mask, then online softmax on each m-tile's rows (s[mt][.][0..1]: row g, s[mt][.][2..3]: row g + 8).
+    const int k0 = t * kTile;
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, key_range(t));
     const int32_t* kdocs = key_docs + parity * kTile;
 #pragma unroll
@@ -247,7 +234,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const FwdParams
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kTile / 16; ++ks) {  // O += P V, 16 keys per k-step
-      if (ks < slice_lo || ks > slice_hi) continue;
       uint32_t a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) acc_to_a(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
@@ -308,13 +294,6 @@ inline int fwd_rows_per_warp(int window) {
   return window > 0 && window <= 2 * kTile ? 16 : 32;
 }
 
-// Whether warps skip the key slices none of their rows can see: yes unless TSCALE_ATTENTION_WARP_SKIP=0
-// (for timing both ways in one build).
-inline bool fwd_warp_skip() {
-  const char* env = std::getenv("TSCALE_ATTENTION_WARP_SKIP");
-  return env == nullptr || std::string(env) != "0";
-}
-
 template <int D, int MT>
 void launch_fwd(const FwdParams& p) {
   const dim3 grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
@@ -351,7 +330,6 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, co
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.sink = sink;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  p.warp_skip = fwd_warp_skip();
   DocStats stats;
   if (docs.defined()) {
     stats = doc_stats(docs, B, T, p.n_stat);
