@@ -15,6 +15,9 @@ from tscale.index.features import DEFAULT_TOPK
 @click.option("--shard-tokens", type=int, help="At most this many tokens per index shard (default: from --max-memory-gb).")
 @click.option("--decontaminate", type=int, metavar="N",
               help="Leave out training documents that share an N-token span with a validation document.")
+@click.option("--decontaminate-against", type=click.Path(), metavar="TOKENS",
+              help="With --decontaminate: check the spans against this token folder's validation documents (the "
+              "ones a model will be scored on) instead of TOKENS' own; same tokenizer.")
 @click.option("--features", is_flag=True, help="Also write per-token lookups (features-{split}-NNNNN.bin) for the token folder.")
 @click.option("--features-topk", type=int, default=DEFAULT_TOPK, show_default=True,
               help="Next tokens (with their counts) stored per position in the features.")
@@ -27,19 +30,21 @@ from tscale.index.features import DEFAULT_TOPK
 @click.option("--workers", type=int, help="Shards sorted at once, one thread each, within --max-memory-gb together "
               "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
-def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, features, features_topk, features_folds,
+def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, decontaminate_against, features, features_topk, features_folds,
                 features_span, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
               shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk,
-              features_folds=features_folds, features_span=features_span)
+              features_folds=features_folds, features_span=features_span, decontaminate_against=decontaminate_against)
     console = Console(highlight=False)
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "
                   f"{m['bytes_per_token']} bytes/token, {b['seconds']:.1f} s -> {out}")
     if m["decontamination"]:
         d = m["decontamination"]
-        console.print(f"decontamination ({d['ngram']}-grams): dropped {d['dropped_docs']:,} documents, {d['dropped_tokens']:,} tokens")
+        against = f" (against the validation documents of {d['against']['path']})" if "against" in d else ""
+        console.print(f"decontamination ({d['ngram']}-grams){against}: dropped {d['dropped_docs']:,} documents, "
+                      f"{d['dropped_tokens']:,} tokens")
     if m["features"]:
         f = m["features"]
         console.print(f"features written for train and val: match length (max {f['max_len']}), top-{f['topk']} next "

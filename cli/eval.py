@@ -76,7 +76,12 @@ def _print_table(r: dict) -> None:
 
 def _print_buckets(e: dict, fed: bool) -> None:
     d = e["decontamination"]
-    what = f"decontaminated ({d['ngram']}-grams)" if d else "raw"
+    what = "raw"
+    if d:
+        against = f", against {d['against']['path']}" if "against" in d else ""
+        what = f"decontaminated ({d['ngram']}-grams{against})"
+        if not e.get("decontaminated_against_this_split", True):
+            what += ", NOT against these validation documents"
     title = (f"against index {e['index']} ({what}, {e['lookups']}): loss {e['val_loss']:.4f}, perplexity "
              f"{e['perplexity']:.2f}{'' if fed else ' (the model does not use the index)'}")
     table = Table(title=title)

@@ -8,6 +8,7 @@ import pytest
 
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
+from tscale.eval.index_eval import val_features
 from tscale.index import Index, build_index
 from tscale.index import features as features_module
 from tscale.index.features import StoredFeatures, unpack
@@ -273,6 +274,34 @@ def test_decontamination_drops_exactly_the_overlapping_docs(token_folder, tmp_pa
     kept = [d for d, w in zip(_index_docs(folder), want) if not w]
     assert np.array_equal(np.concatenate([np.asarray(s.tokens) for s in index.shards]), np.concatenate(kept))
     assert build_index(token_folder, tmp_path / "i2", decontaminate=4, quiet=True)["decontamination"]["dropped_docs"] >= 2
+
+
+@needs_kernels
+def test_decontamination_against_another_folders_validation(token_folder, tmp_path):
+    folder = TokenFolder(token_folder)
+    train = _index_docs(folder)
+    rng = np.random.default_rng(8)
+    other_val = [list(train[9][1:12]) + list(rng.integers(0, 39, 6)), list(rng.integers(0, 39, 20))]
+    other = _write_tokens(tmp_path / "other", [[1, 2, 3]], other_val)
+    n = 10
+    grams = set()
+    for s in TokenFolder(other).shards("val"):
+        grams |= set().union(*ops.doc_ngrams_reference(s.tokens, s.docs[:, 0].astype(np.int64), n))
+    want = np.concatenate([ops.docs_with_ngrams_reference(s.tokens, s.docs[:, 0].astype(np.int64), n, grams)
+                           for s in folder.shards("train")])
+    assert want[9] and not want[4]  # train[4] shares 15 tokens with the folder's own validation, not the other's
+    m = build_index(token_folder, tmp_path / "index", decontaminate=n, decontaminate_against=other, quiet=True)
+    assert m["decontamination"]["dropped_docs"] == want.sum()
+    assert m["decontamination"]["against"]["path"] == str(other.resolve())
+    kept = np.concatenate([d for d, w in zip(train, want) if not w])
+    assert np.array_equal(np.concatenate([np.asarray(s.tokens) for s in Index(tmp_path / "index").shards]), kept)
+    for tokens, checked in ((other, True), (token_folder, False)):  # what an evaluation on each folder reports
+        assert val_features(tmp_path / "index", TokenFolder(tokens), 2, None)[1]["decontaminated_against_this_split"] is checked
+    with pytest.raises(UserError, match="only with --decontaminate"):
+        build_index(token_folder, tmp_path / "i2", decontaminate_against=other, quiet=True)
+    foreign = _write_tokens(tmp_path / "foreign", [[1, 2, 3]], [[4, 5, 6]], tokenizer_text='{"other": 1}')
+    with pytest.raises(UserError, match="tokenizer"):
+        build_index(token_folder, tmp_path / "i3", decontaminate=n, decontaminate_against=foreign, quiet=True)
 
 
 @needs_kernels

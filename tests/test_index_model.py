@@ -350,6 +350,7 @@ def test_eval_index_breaks_loss_down_by_match_length(world, runs, tmp_path):
     assert r["model_uses_index"] and [e["index"] for e in r["indexes"]] == [str(raw), str(dec)]
     assert [e["lookups"] for e in r["indexes"]] == ["stored features", "looked up now"]
     assert r["indexes"][1]["decontamination"]["ngram"] == 13 and r["indexes"][0]["decontamination"] is None
+    assert r["indexes"][1]["decontaminated_against_this_split"] is True
     assert r["val_loss"] == r["indexes"][0]["val_loss"]
     for e in r["indexes"]:
         buckets = e["by_match_len"]

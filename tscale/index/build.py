@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
-from tscale.fileio import atomic_dir
+from tscale.fileio import atomic_dir, sha256_file
 from tscale.index import features as feats
 from tscale.index.decontaminate import contaminated_docs
 from tscale.index.folds import MAX_FOLDS, write_fold_features
@@ -53,8 +53,13 @@ def default_workers() -> int:
 def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb: float = DEFAULT_MAX_MEMORY_GB,
                 decontaminate: int | None = None, features: bool = False, shard_tokens: int | None = None,
                 quiet: bool = False, workers: int | None = None, features_topk: int = feats.DEFAULT_TOPK,
-                features_folds: int | None = None, features_span: int = DEFAULT_FEATURES_SPAN) -> dict:
+                features_folds: int | None = None, features_span: int = DEFAULT_FEATURES_SPAN,
+                decontaminate_against: str | os.PathLike | None = None) -> dict:
     """Build the index folder `out` from the token folder `tokens`; return its manifest.
+
+    decontaminate: drop the training documents sharing that many tokens with a validation document
+    of `tokens`, or with `decontaminate_against` the validation documents of that token folder
+    (same tokenizer): the documents a model will be scored on when the index holds a larger corpus.
 
     features: also write per-token lookups of every train and val token, with the top
     `features_topk` next tokens and their counts (tscale/index/features.py). Train tokens are
@@ -77,6 +82,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
             raise UserError(f"--features-folds {features_folds}: must be between 2 and {MAX_FOLDS}")
         if features_span < 1:
             raise UserError(f"--features-span {features_span}: the span length must be at least 1 token")
+    if decontaminate_against is not None and not decontaminate:
+        raise UserError(f"--decontaminate-against {decontaminate_against}: only with --decontaminate N (the span length)")
     workers = workers or default_workers()
     if workers < 1:
         raise UserError(f"--workers {workers}: must be at least 1")
@@ -86,15 +93,16 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         limit = min(limit, shard_tokens_for(max_memory_gb / workers))
     for split in ("train", "val"):
         folder.shards(split)  # open (and check) every shard before starting
+    against = _validation_folder(folder, decontaminate_against)
     t0 = time.perf_counter()
     dropped = [np.zeros(len(s.docs), bool) for s in folder.shards("train")]
     if decontaminate:
-        dropped = contaminated_docs(folder, decontaminate)
+        dropped = contaminated_docs(folder, decontaminate, against)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
                         TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
     with progress, atomic_dir(out) as tmp:
         fields = write_index(folder, dropped, limit, workers, tmp, progress, "building suffix arrays")
-        fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate)
+        fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate, against)
         fields["build"].update(max_memory_gb=max_memory_gb, seconds=round(time.perf_counter() - t0, 3))
         files = fields.pop("files")
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
@@ -176,11 +184,28 @@ def _assemble(folder: TokenFolder, dropped: list[np.ndarray], limit: int) -> Ite
         yield np.concatenate(parts), np.array(rows, dtype=np.uint64).reshape(-1, DOC_COLUMNS)
 
 
-def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: int | None) -> dict | None:
+def _validation_folder(folder: TokenFolder, path: str | os.PathLike | None) -> TokenFolder | None:
+    """The token folder whose validation documents --decontaminate-against names, checked; None: `folder`'s own."""
+    if path is None:
+        return None
+    other = TokenFolder(path)
+    other.shards("val")
+    mine, theirs = sha256_file(folder.tokenizer_path), sha256_file(other.tokenizer_path)
+    if mine != theirs:
+        raise UserError(f"--decontaminate-against {path}: its tokenizer (sha256 {theirs[:12]}…) differs from that of "
+                        f"{folder.path} ({mine[:12]}…); tokenize both with the same tokenizer")
+    return other
+
+
+def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: int | None,
+                            against: TokenFolder | None = None) -> dict | None:
     if not n:
         return None
-    return {"ngram": n, "method": "64-bit hashes of every n-gram of the validation documents",
-            "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": _doc_tokens(folder, dropped)}
+    record = {"ngram": n, "method": "64-bit hashes of every n-gram of the validation documents",
+              "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": _doc_tokens(folder, dropped)}
+    if against is not None:  # another folder's validation documents (default: the indexed folder's own)
+        record["against"] = tokens_identity(against)
+    return record
 
 
 def _doc_tokens(folder: TokenFolder, chosen: list[np.ndarray]) -> int:

@@ -1,6 +1,7 @@
 """Decontamination: which training documents share an n-token span with any validation document.
 
-Every n-gram inside a validation document (its final eos excluded) is hashed to 64 bits; a
+The validation documents are the token folder's own, or another folder's (the documents a
+model will be scored on, when the index is built from a larger corpus). Every n-gram inside a validation document (its final eos excluded) is hashed to 64 bits; a
 training document is dropped when any of its n-grams hashes into that set. A false positive
 needs a 64-bit hash collision (about 1e-5 chance over a 40M-token corpus); without the kernels
 the exact n-gram sets of tscale/ops/index.py are used instead.
@@ -17,9 +18,10 @@ def _docs(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(shard.tokens, dtype=np.int64), shard.docs[:, 0].astype(np.int64)
 
 
-def contaminated_docs(folder: TokenFolder, n: int) -> list[np.ndarray]:
-    """Per train shard, a bool (D,) array: True for documents sharing an n-gram with validation."""
-    return docs_sharing_ngrams(folder, [_docs(s) for s in folder.shards("val")], n)
+def contaminated_docs(folder: TokenFolder, n: int, against: TokenFolder | None = None) -> list[np.ndarray]:
+    """Per train shard of `folder`, a bool (D,) array: True for documents sharing an n-gram with a
+    validation document of `against` (default: of `folder` itself)."""
+    return docs_sharing_ngrams(folder, [_docs(s) for s in (against or folder).shards("val")], n)
 
 
 def docs_sharing_ngrams(folder: TokenFolder, probe: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[np.ndarray]:

@@ -1,0 +1,83 @@
+"""What an index tells about a token folder's validation text, before any model: per match length, how often.
+
+    python scripts/bench/index_lookup_stats.py TOKENS INDEX [INDEX ...] [--out FILE.json]
+
+Every validation token of TOKENS is looked up in each INDEX (streaming, top-1 next token). Per
+match-length bucket (those of `tscale eval --index`): the share of positions and how often the
+index's most frequent next token is the token that follows (top-1 accuracy); per source: its
+share, top-1 accuracy and mean match length. Comparing a raw index with decontaminated ones, or
+indexes of different sizes, shows what a model that mixes in the index could gain from each.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tscale.data.shards import TokenFolder
+from tscale.index import Index
+from tscale.index.mixing import BUCKET_EDGES, bucket_labels
+
+
+def val_stream(folder: TokenFolder) -> tuple[np.ndarray, np.ndarray]:
+    """The validation tokens (N,) of every shard back to back, and each token's source id (N,)."""
+    tokens, sources = [], []
+    for shard in folder.shards("val"):
+        toks = np.asarray(shard.tokens, dtype=np.int64)
+        src = np.repeat(shard.docs[:, 1].astype(np.int64), np.diff(np.append(shard.docs[:, 0].astype(np.int64), len(toks))))
+        tokens.append(toks)
+        sources.append(src)
+    return np.concatenate(tokens), np.concatenate(sources)
+
+
+def lookup_stats(index: Index, tokens: np.ndarray, sources: np.ndarray, source_names: list[str]) -> dict:
+    """Shares and top-1 accuracies of one index on the stream (position t predicts token t + 1)."""
+    t0 = time.perf_counter()
+    match_len, next_tokens, _ = index.lookup(tokens, topk=1)
+    seconds = time.perf_counter() - t0
+    length, guess, target, source = match_len[:-1], next_tokens[:-1, 0], tokens[1:], sources[:-1]
+    right = guess == target  # (N - 1,)
+    bucket = np.searchsorted(np.asarray(BUCKET_EDGES), length, side="right")  # (N - 1,), as length_bucket
+    by_len = {}
+    for b, label in enumerate(bucket_labels()):
+        m = bucket == b
+        by_len[label] = {"share": float(m.mean()), "top1": float(right[m].mean()) if m.any() else None}
+    by_source = {}
+    for s in np.unique(source):
+        m = source == s
+        by_source[source_names[s]] = {"share": float(m.mean()), "top1": float(right[m].mean()),
+                                      "mean_match_len": float(length[m].mean())}
+    return {"index": str(index.path), "index_tokens": index.num_tokens,
+            "decontamination": index.manifest.get("decontamination"), "lookup_s": round(seconds, 2),
+            "top1": float(right.mean()), "mean_match_len": float(length.mean()), "by_match_len": by_len,
+            "by_source": by_source}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tokens", type=Path, help="token folder whose validation split is looked up")
+    ap.add_argument("indexes", type=Path, nargs="+", help="index folders (same tokenizer)")
+    ap.add_argument("--out", type=Path, help="also write the results here (JSON)")
+    args = ap.parse_args()
+    folder = TokenFolder(args.tokens)
+    tokens, sources = val_stream(folder)
+    results = []
+    for path in args.indexes:
+        index = Index(path)
+        index.check_tokens(folder)
+        r = lookup_stats(index, tokens, sources, folder.manifest["sources"])
+        results.append(r)
+        cells = "  ".join(f"{k} {v['share']:.3f}/{v['top1'] if v['top1'] is None else round(v['top1'], 3)}"
+                          for k, v in r["by_match_len"].items())
+        print(f"{path}: {r['index_tokens']:,} tokens, top-1 {r['top1']:.4f}, mean match {r['mean_match_len']:.2f}; "
+              f"share/top-1 by match length: {cells}", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"tokens": str(args.tokens), "val_tokens": len(tokens), "results": results},
+                                       indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
