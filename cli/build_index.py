@@ -30,8 +30,8 @@ from tscale.index.features import DEFAULT_TOPK
 @click.option("--workers", type=int, help="Shards sorted at once, one thread each, within --max-memory-gb together "
               "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
-def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, decontaminate_against, features, features_topk, features_folds,
-                features_span, workers, quiet) -> None:
+def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, decontaminate_against, features,
+                features_topk, features_folds, features_span, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
               shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk,

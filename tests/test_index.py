@@ -296,7 +296,8 @@ def test_decontamination_against_another_folders_validation(token_folder, tmp_pa
     kept = np.concatenate([d for d, w in zip(train, want) if not w])
     assert np.array_equal(np.concatenate([np.asarray(s.tokens) for s in Index(tmp_path / "index").shards]), kept)
     for tokens, checked in ((other, True), (token_folder, False)):  # what an evaluation on each folder reports
-        assert val_features(tmp_path / "index", TokenFolder(tokens), 2, None)[1]["decontaminated_against_this_split"] is checked
+        info = val_features(tmp_path / "index", TokenFolder(tokens), 2, None)[1]
+        assert info["decontaminated_against_this_split"] is checked
     with pytest.raises(UserError, match="only with --decontaminate"):
         build_index(token_folder, tmp_path / "i2", decontaminate_against=other, quiet=True)
     foreign = _write_tokens(tmp_path / "foreign", [[1, 2, 3]], [[4, 5, 6]], tokenizer_text='{"other": 1}')

@@ -97,8 +97,8 @@ def speed(args, world: int, work: Path) -> dict:
                     times = step_times(recs, warm + 2)
                 comm = [r for r in recs if "comm_bytes" in r][-1]
                 med = statistics.median(times)
-                out[mode].append({"threads": threads, "median_s": med, "min_s": min(times), "max_s": max(times), "n": len(times),
-                                  "load_before": before, "load_after": load(),
+                out[mode].append({"threads": threads, "median_s": med, "min_s": min(times), "max_s": max(times),
+                                  "n": len(times), "load_before": before, "load_after": load(),
                                   "bytes_ratio": comm["comm_bytes"] / comm["comm_bytes_fp32"]})
                 print(f"world {world} {mode} rep {rep}: median step {med:.3f} s (min {min(times):.3f}, "
                       f"max {max(times):.3f}, n {len(times)}), load {before:.1f}->{load():.1f}", flush=True)

@@ -83,7 +83,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         if features_span < 1:
             raise UserError(f"--features-span {features_span}: the span length must be at least 1 token")
     if decontaminate_against is not None and not decontaminate:
-        raise UserError(f"--decontaminate-against {decontaminate_against}: only with --decontaminate N (the span length)")
+        raise UserError(f"--decontaminate-against {decontaminate_against}: only with --decontaminate N "
+                        "(the span length)")
     workers = workers or default_workers()
     if workers < 1:
         raise UserError(f"--workers {workers}: must be at least 1")
