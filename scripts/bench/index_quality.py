@@ -33,6 +33,7 @@ limit continues where it stopped when started again (--fresh starts over).
   python scripts/bench/index_quality.py TOKENS [--train-tokens 65536000] [--work .cache/bench-index-quality]
       [--variant NAME=KEY=VALUE[,KEY=VALUE...]]...   e.g. --variant mixer=index.mixer=true
       [--features-folds 4]                           e.g. --variant folds=features=folds,index.mixer=true
+      [--extra-index NAME=INDEX]...                  e.g. --extra-index linux=INDEX-OF-A-LARGER-CORPUS
   python scripts/bench/index_quality.py TOKENS --tiny      # CPU, tiny model, minutes; writes under --work
 """
 
@@ -112,6 +113,9 @@ def train(config: Path | None, overrides: list, tokens: Path, run: Path, steps: 
 
 
 def evaluate(run: Path, tokens: Path, indexes: list[Path], out: Path, log: Path, extra: list) -> dict:
+    """`tscale eval` of `run` against `indexes`; an earlier result is kept if it scored the same indexes."""
+    if out.is_file() and [e["index"] for e in json.loads(out.read_text())["indexes"]] != [str(i) for i in indexes]:
+        out.unlink()
     if not out.is_file():
         tscale(["eval", run, "--tokens", tokens, "--out", out, *[a for i in indexes for a in ("--index", i)], *extra], log)
     return json.loads(out.read_text())
@@ -136,6 +140,14 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     if odd:
         raise argparse.ArgumentTypeError(f"--variant {text!r}: {odd[0]}: expected one of {', '.join(FEATURE_SOURCES)}")
     return name, items
+
+
+def parse_extra_index(text: str) -> tuple[str, Path]:
+    """"NAME=PATH" -> (NAME, PATH)."""
+    name, _, path = text.partition("=")
+    if not name.isidentifier() or not path:
+        raise argparse.ArgumentTypeError(f"--extra-index {text!r}: expected NAME=PATH (NAME a word)")
+    return name, Path(path).resolve()
 
 
 def feature_source(sets: list[str]) -> tuple[str, list[str]]:
@@ -174,6 +186,10 @@ def main() -> None:
                     help="NAME=KEY=VALUE[,...]: a model trained with the index and these overrides (repeatable; "
                          "the first is the headline) [default: mixer=index.mixer=true]")
     ap.add_argument("--features-folds", type=int, default=4, help="K of the variants with features=folds")
+    ap.add_argument("--extra-index", dest="extras", action="append", type=parse_extra_index, default=[],
+                    metavar="NAME=PATH", help="one more index every model is scored against (repeatable), e.g. of a "
+                    "larger corpus: tscale build-index --decontaminate 32 --decontaminate-against TOKENS; metrics "
+                    "ppl_reduction_extra_NAME and quality_*_extra_NAME")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU; results go to --work, not docs/")
     ap.add_argument("--fresh", action="store_true", help="delete --work first")
     ap.add_argument("--out", type=Path, help="folder of index.json [default: docs/bench, or --work with --tiny]")
@@ -226,10 +242,11 @@ def main() -> None:
     seconds["base"] = train(config, run_sets, tokens, runs["base"], steps, log)
     extra = ["--batch-size", args.eval_batch_size, *(["--max-tokens", args.max_eval_tokens] if args.max_eval_tokens else []),
              *(["--device", "cpu"] if args.tiny else [])]
-    indexes = [raw, *decs]
+    indexes = [raw, *decs, *(path for _, path in args.extras)]
     evals = {k: evaluate(run, tokens, indexes, work / f"eval-{k}.json", log, extra) for k, run in runs.items()}
 
-    names = ["raw", "decontaminated", *[f"decontaminated_{n}" for n in args.decontaminate[1:]]]
+    names = ["raw", "decontaminated", *[f"decontaminated_{n}" for n in args.decontaminate[1:]],
+             *(f"extra_{name}" for name, _ in args.extras)]
     metrics = quality_metrics(evals["base"], evals[head], names)
     for name in variants:
         if name != head:
@@ -239,6 +256,9 @@ def main() -> None:
     for name, m in zip(names[1:], manifests):
         metrics[f"quality_{name}_ngram"] = m["decontamination"]["ngram"]
         metrics[f"quality_{name}_dropped_token_share"] = round(m["decontamination"]["dropped_tokens"] / folder.num_tokens("train"), 4)
+    for name, path in args.extras:
+        m = json.loads((path / "manifest.json").read_text())
+        metrics[f"quality_extra_{name}_index_tokens"] = m["num_tokens"]
     rates = {k: last_rate(run) for k, run in runs.items()}
     metrics.update({
         "quality_train_tokens_per_model": steps * per_step,
@@ -260,6 +280,12 @@ def main() -> None:
              f"documents sharing an N-token span with validation dropped). ppl_reduction = 1 - ppl_with / ppl_without; "
              f"quality_ppl_reduction_<bucket>_<index>: the same on the tokens whose context matched that many tokens; "
              f"quality_share_*: those tokens' share. Why N = 32 first: see the script's docstring.")
+    for name, path in args.extras:
+        m = json.loads((path / "manifest.json").read_text())
+        d = m.get("decontamination") or {}
+        against = d.get("against", m["tokens"])["path"]
+        notes += (f" Extra index {name}: {path} ({m['num_tokens']:,} tokens, built from {m['tokens']['path']}, "
+                  + (f"decontaminated at N = {d['ngram']} against the validation documents of {against})" if d else "raw)"))
     if args.tiny:
         notes = "TINY CPU RUN (a smoke test, not a measurement). " + notes
     path = merge_metrics("index", metrics, f"quality (index_quality.py): {notes}", Path(out), drop_prefixes=QUALITY_KEYS)
