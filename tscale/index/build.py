@@ -97,11 +97,12 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     against = _validation_folder(folder, decontaminate_against)
     t0 = time.perf_counter()
     dropped = [np.zeros(len(s.docs), bool) for s in folder.shards("train")]
-    if decontaminate:
-        dropped = contaminated_docs(folder, decontaminate, against)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
                         TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
     with progress, atomic_dir(out) as tmp:
+        if decontaminate:
+            task = progress.add_task(f"decontaminating ({decontaminate}-token spans)", total=folder.num_tokens("train"))
+            dropped = contaminated_docs(folder, decontaminate, against, lambda n: progress.advance(task, n))
         fields = write_index(folder, dropped, limit, workers, tmp, progress, "building suffix arrays")
         fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate, against)
         fields["build"].update(max_memory_gb=max_memory_gb, seconds=round(time.perf_counter() - t0, 3))
