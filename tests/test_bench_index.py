@@ -2,13 +2,19 @@
 
 import argparse
 import json
+import lzma
+import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 import index_quality  # noqa: E402
+
+from tscale.data.tokenize import is_validation, tokenize_corpus  # noqa: E402
+from tscale.index import Index, build_index  # noqa: E402
 
 
 def test_variant_items_and_feature_source():
@@ -42,3 +48,44 @@ def test_extra_index_argument_and_evaluations_kept_only_for_the_same_indexes(tmp
     assert len(calls) == 1  # the same indexes: the earlier evaluation is kept
     r = index_quality.evaluate(tmp_path / "run", tmp_path / "tok", [raw, big], out, tmp_path / "log", [])
     assert len(calls) == 2 and [e["index"] for e in r["indexes"]] == [str(raw), str(big)]
+
+
+def _write_jsonl(path: Path, docs: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"source": "notes", "doc": d, "text": t}) + "\n" for d, t in docs))
+    return path
+
+
+def test_extra_docs_are_the_larger_index_documents_the_smaller_corpus_lacks(tmp_path):
+    rng = np.random.default_rng(5)
+    words = ("tide wind cliff path field sheep wall gate door key lamp oil rope sail mast harbour ferry lemon crate "
+             "bicycle mail island lighthouse keeper pencil ink fog bay bread letter council road river quarry").split()
+    docs = [(f"d{i}", " ".join(rng.choice(words, int(rng.integers(20, 60))))) for i in range(80)]
+    val_of_small = [i for i in range(30) if is_validation("notes", f"d{i}", 4)]
+    for i in range(40, 80, 5):  # some documents beyond the small corpus copy a span of its validation text
+        src = docs[val_of_small[i % len(val_of_small)]][1].split()
+        docs[i] = (f"d{i}", docs[i][1] + " " + " ".join(src[:20]))
+    small = _write_jsonl(tmp_path / "small.jsonl", docs[:30])
+    big = _write_jsonl(tmp_path / "big.jsonl", docs)
+    tokenize_corpus([big], tmp_path / "tok-big", vocab_size=300, val_modulus=4, quiet=True)
+    tokenize_corpus([small], tmp_path / "tok-small", tokenizer=tmp_path / "tok-big" / "tokenizer.json", val_modulus=4,
+                    quiet=True)
+    m = build_index(tmp_path / "tok-big", tmp_path / "index", decontaminate=40,
+                    decontaminate_against=tmp_path / "tok-small", quiet=True)
+    assert 0 < m["decontamination"]["dropped_docs"] and m["num_docs"] > 0
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "index_extra_docs.py"
+    out = tmp_path / "extra.jsonl.xz"
+    subprocess.run([sys.executable, str(script), str(tmp_path / "index"), str(big), "--minus", str(small), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    got = [json.loads(line) for line in lzma.open(out, "rt", encoding="utf-8")]
+    texts = {d: t for d, t in docs}
+    small_names = {d for d, _ in docs[:30]}
+    assert got and all(g["doc"] not in small_names and g["text"] == texts[g["doc"]] for g in got)
+    copied = set(range(40, 80, 5))  # dropped: they share a span with the small corpus's validation text
+    want = {f"d{i}" for i in range(30, 80) if i not in copied and not is_validation("notes", f"d{i}", 4)}
+    assert {g["doc"] for g in got} == want and len(got) == len(want)
+    indexed = sum(len(s.docs) for s in Index(tmp_path / "index").shards)
+    assert indexed == len(want) + 30 - len(val_of_small)  # and the small corpus's training documents
+    shuffled = _write_jsonl(tmp_path / "shuffled.jsonl", docs[::-1])
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "index"), str(shuffled), "--minus", str(small),
+                          "-o", str(tmp_path / "bad.jsonl.xz")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "in the order they were tokenized" in bad.stderr
