@@ -44,7 +44,7 @@ def main() -> None:
     folder = TokenFolder(index.manifest["tokens"]["path"], verify=False)
     modulus = folder.manifest["split_rule"]["modulus"]
     shards = folder.shards("train")
-    lengths = [np.diff(np.append(s.docs[:, 0].astype(np.int64), len(s.tokens))) for s in shards]  # tokens per doc
+    lengths = [s.doc_ends - s.docs[:, 0].astype(np.int64) for s in shards]  # tokens per document
     kept = kept_training_docs(index)
     known = {(d.source, d.doc) for d in iter_documents(list_inputs(args.minus))}
     shard_no, doc_no, written, tokens = 0, 0, 0, 0

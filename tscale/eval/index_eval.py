@@ -17,11 +17,9 @@ import numpy as np
 from tscale.data.loader import WindowFeatures
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
-from tscale.fileio import sha256_file
 from tscale.index import Index
-from tscale.index.features import FEATURES_VERSION, StoredFeatures, fresh_features, tokens_match
+from tscale.index.features import FEATURES_VERSION, StoredFeatures, fresh_features, same_tokens, tokens_match
 from tscale.index.mixing import BUCKET_EDGES, bucket_labels
-from tscale.manifest import MANIFEST
 
 SHORT_MATCH = 16  # "below_16": tokens whose context matched fewer than this many tokens
 
@@ -49,9 +47,9 @@ def val_features(index_path: str | Path, folder: TokenFolder, topk: int, max_tok
         how = "looked up now"
     info = {"index": str(index.path), "lookups": how, "index_tokens": m["num_tokens"],
             "decontamination": m.get("decontamination")}
-    if info["decontamination"]:  # against these validation documents, or another folder's?
-        checked = info["decontamination"].get("against", m["tokens"])["manifest_sha256"]
-        info["decontaminated_against_this_split"] = checked == sha256_file(folder.path / MANIFEST)
+    d = info["decontamination"]
+    if d:  # against these validation documents, or another folder's?
+        info["decontaminated_against_this_split"] = same_tokens(d.get("against", m["tokens"]), folder)
     return WindowFeatures(records, topk, index.vocab_size), info
 
 

@@ -1,8 +1,9 @@
 """Decontamination: which training documents share an n-token span with any validation document.
 
 The validation documents are the token folder's own, or another folder's (the documents a
-model will be scored on, when the index is built from a larger corpus). Every n-gram inside a validation document (its final eos excluded) is hashed to 64 bits; a
-training document is dropped when any of its n-grams hashes into that set. A false positive
+model will be scored on, when the index is built from a larger corpus). Every n-gram inside a
+validation document (its final eos excluded) is hashed to 64 bits; a training document is
+dropped when any of its n-grams hashes into that set. A false positive
 needs a 64-bit hash collision (about 1e-5 chance over a 40M-token corpus); without the kernels
 the exact n-gram sets of tscale/ops/index.py are used instead.
 """

@@ -123,7 +123,12 @@ def unpack(rec: np.ndarray, topk: int, none_token: int) -> tuple[np.ndarray, np.
 
 def tokens_match(manifest: dict, folder: TokenFolder) -> bool:
     """Whether an index manifest says it was built from exactly this token folder (its manifest's sha256)."""
-    return manifest["tokens"]["manifest_sha256"] == sha256_file(folder.path / MANIFEST)
+    return same_tokens(manifest["tokens"], folder)
+
+
+def same_tokens(identity: dict, folder: TokenFolder) -> bool:
+    """Whether a token folder's identity record (tscale.index.lookup.tokens_identity) is this folder's."""
+    return identity["manifest_sha256"] == sha256_file(folder.path / MANIFEST)
 
 
 class StoredFeatures:
