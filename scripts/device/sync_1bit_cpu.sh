@@ -7,9 +7,9 @@
 # (docs/BENCHMARKS.md), so the model and its 49.6M parameters are the same. Tokenizes, then runs
 # `sync_1bit.py --skip-quality` (speed only: quality does not depend on the machine) with its
 # record written under OUT_DIR, not over docs/bench/sync_1bit.json, whose quality part stays.
-# Each process gets cores / processes / 2 intra-op threads (sync_1bit.py --threads). Where network namespaces cannot be made,
-# it tries again inside a user namespace (unshare -Urnm); it stops, saying why, where that fails too or
-# tc is missing; a machine without iproute2 can use the one
+# Each process gets cores / processes / 2 intra-op threads (sync_1bit.py --threads). Where network
+# namespaces cannot be made, it tries again inside a user namespace (unshare -Urnm); it stops, saying
+# why, where that fails too or tc is missing; a machine without iproute2 can use the one
 # scripts/device/bundle_iproute2.sh carries (its bin/ first on PATH). S1B_REPEATS: runs of each
 # mode per world size (default 2).
 set -u
