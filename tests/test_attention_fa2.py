@@ -136,16 +136,18 @@ def test_cuda_training_through_fa2_follows_the_kernel(tmp_path, shakespeare_json
 
     args = [*_tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
     curves = {}
-    for impl in ("auto", "fa2"):
+    for impl in ("auto", "fa2", "fa2_global"):
         train_run(load_config(None, [*args, f'train.attention="{impl}"']), tmp_path / impl, quiet=True)
         curves[impl] = _losses(tmp_path / impl)
     torch.testing.assert_close(curves["fa2"], curves["auto"], rtol=2e-2, atol=0)  # bf16, two kernels
+    torch.testing.assert_close(curves["fa2_global"], curves["auto"], rtol=2e-2, atol=0)
 
 
 def test_training_through_fa2_follows_the_default_attention(monkeypatch, tmp_path, shakespeare_jsonl):
-    """train.attention = "fa2" (stand-in FlashAttention on the CPU): the tscale model's losses, documents, window and
-    sink included, are the default path's; and the choice is refused where it cannot run. The most frequent token
-    plays the model's eos, so that every window holds many documents."""
+    """train.attention = "fa2" and "fa2_global" (stand-in FlashAttention on the CPU): the tscale model's losses,
+    documents, window and sink included, are the default path's; "fa2" runs every layer through FlashAttention,
+    "fa2_global" only the global one; and the choice is refused where it cannot run. The most frequent token plays
+    the model's eos, so that every window holds many documents."""
     from tscale.config import load_config
     from tscale.errors import UserError
     from tscale.train import loop
@@ -155,13 +157,22 @@ def test_training_through_fa2_follows_the_default_attention(monkeypatch, tmp_pat
     with pytest.raises(UserError, match="needs a CUDA GPU"):
         train_run(load_config(None, [*args, 'train.attention="fa2"', 'train.device="cpu"']), tmp_path / "refused",
                   quiet=True)
-    monkeypatch.setattr(attention_fa2, "flash_forward", _fake_forward)
+    lefts = []  # window_size_left of every FlashAttention forward: -1 for a global layer, window - 1 otherwise
+
+    def counted_forward(*a, **kw):
+        lefts.append(kw["window_size_left"])
+        return _fake_forward(*a, **kw)
+
+    monkeypatch.setattr(attention_fa2, "flash_forward", counted_forward)
     monkeypatch.setattr(attention_fa2, "flash_backward", _fake_backward)
     monkeypatch.setattr(loop, "fa2_unusable_reason", lambda *a: None)
-    curves = {}
-    for impl in ("auto", "fa2"):
+    curves, served = {}, {}
+    for impl in ("auto", "fa2", "fa2_global"):
+        lefts.clear()
         cfg = load_config(None, [*args, f'train.attention="{impl}"', 'train.device="cpu"'])
         train_run(cfg, tmp_path / impl, quiet=True)
-        curves[impl] = _losses(tmp_path / impl)
+        curves[impl], served[impl] = _losses(tmp_path / impl), set(lefts)
     assert len(curves["fa2"]) == 4
+    assert served == {"auto": set(), "fa2": {-1, 7}, "fa2_global": {-1}}  # model.window = 8, one global layer
     torch.testing.assert_close(curves["fa2"], curves["auto"], rtol=1e-4, atol=0)
+    torch.testing.assert_close(curves["fa2_global"], curves["auto"], rtol=1e-4, atol=0)

@@ -117,6 +117,24 @@ def test_fa2_attention_is_reported_beside_the_headline_not_over_it(tmp_path):
     assert "| attention_fa2_time_ratio_1024 | 0.25 | | |" in table
 
 
+def test_fa2_global_attention_and_fa2_attention_keep_each_others_metrics(tmp_path):
+    """attention_fa2_global_* share attention_fa2_'s prefix: measuring either replaces only its own keys."""
+    previous = {"metrics": {"attention_time_ratio_1024": 0.9, "attention_fa2_time_ratio_1024": 0.8}, "notes": ""}
+    (tmp_path / "architecture.json").write_text(json.dumps(previous))
+    mixed = {"1024": {"tscale_s": 0.003, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
+                      "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
+                      "path": "FlashAttention-2 in the global layers"}}
+    metrics, notes, _ = report_architecture.build_report({"attention_fa2_global": mixed}, tmp_path, None)
+    assert metrics["attention_fa2_time_ratio_1024"] == 0.8 and metrics["attention_time_ratio_1024"] == 0.9
+    assert metrics["attention_fa2_global_time_ratio_1024"] == pytest.approx(0.75)
+    assert "[attention_fa2_global]" in notes
+    (tmp_path / "architecture.json").write_text(json.dumps({"metrics": metrics, "notes": notes}))
+    mixed["1024"]["tscale_s"] = 0.002
+    metrics, _, _ = report_architecture.build_report({"attention_fa2": mixed}, tmp_path, None)
+    assert metrics["attention_fa2_global_time_ratio_1024"] == pytest.approx(0.75)
+    assert metrics["attention_fa2_time_ratio_1024"] == pytest.approx(0.5)
+
+
 def test_report_names_the_per_call_sums_beside_the_step_headline(tmp_path):
     attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "tscale_per_call_s": 0.003, "sdpa_per_call_s": 0.004,
                           "windows": {"128": 9, "0": 3}, "batch_size": 32, "docs_per_row": 1.5,

@@ -1,7 +1,7 @@
 """Training tokens/s of the tscale architecture against gpt2 at 124M, per torch.compile mode.
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
-                                       [--fa2] [--fused-loss] [--out-dir docs/bench]
+                                       [--fa2] [--fa2-global] [--fused-loss] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -12,13 +12,14 @@ tokenized with the GPT-2 BPE (the document boundaries decide which attention til
 kernel skips), e.g. the benchmark corpus of DESIGN.md.
 
 --fa2 adds tscale with `train.attention = "fa2"` (torch's FlashAttention-2 over the batch's
-document runs) as a preset "tscale_fa2"; --fused-loss tscale with `train.fused_loss = true`
+document runs) as a preset "tscale_fa2"; --fa2-global tscale with `train.attention = "fa2_global"` (the
+same in the global layers only) as "tscale_fa2_global"; --fused-loss tscale with `train.fused_loss = true`
 (the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss".
 
 Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,
 arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
-arch_speed_ratio_<mode> = tscale / gpt2 (with --fa2 also arch_speed_ratio_fa2_<mode>, with
---fused-loss arch_speed_ratio_fused_loss_<mode>). The headline `throughput_ratio` stays the one of the
+arch_speed_ratio_<mode> = tscale / gpt2 (with --fa2 also arch_speed_ratio_fa2_<mode>, with --fa2-global
+arch_speed_ratio_fa2_global_<mode>, with --fused-loss arch_speed_ratio_fused_loss_<mode>). The headline `throughput_ratio` stays the one of the
 convergence runs (docs/architecture.md); this measures the same ratio without a training run
 around it, so that a change of the step (the optimizer, CUDA graphs) can be timed alone.
 """
@@ -39,8 +40,10 @@ from tscale.config import load_config  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
 ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
-         "tscale_fa2": "configs/tscale-124m.toml", "tscale_fused_loss": "configs/tscale-124m.toml"}
-EXTRA = {"tscale_fa2": ['train.attention="fa2"'], "tscale_fused_loss": ["train.fused_loss=true"]}
+         "tscale_fa2": "configs/tscale-124m.toml", "tscale_fa2_global": "configs/tscale-124m.toml",
+         "tscale_fused_loss": "configs/tscale-124m.toml"}
+EXTRA = {"tscale_fa2": ['train.attention="fa2"'], "tscale_fa2_global": ['train.attention="fa2_global"'],
+         "tscale_fused_loss": ["train.fused_loss=true"]}
 
 
 def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int) -> tuple[float, float]:
@@ -65,6 +68,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="steps before timing (compile included)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--fa2", action="store_true", help='also tscale with train.attention = "fa2"')
+    ap.add_argument("--fa2-global", action="store_true", help='also tscale with train.attention = "fa2_global"')
     ap.add_argument("--fused-loss", action="store_true", help="also tscale with train.fused_loss = true")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
@@ -73,7 +77,7 @@ def main() -> None:
     if not (args.tokens / "manifest.json").is_file():
         raise SystemExit(f"{args.tokens}: not a token folder (no manifest.json); make one with `tscale tokenize`")
     metrics = {}
-    chosen = {"tscale_fa2": args.fa2, "tscale_fused_loss": args.fused_loss}
+    chosen = {"tscale_fa2": args.fa2, "tscale_fa2_global": args.fa2_global, "tscale_fused_loss": args.fused_loss}
     archs = [a for a in ARCHS if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_")
@@ -85,13 +89,13 @@ def main() -> None:
             metrics[f"arch_speed_peak_gib_{arch}_{key}"] = round(peak, 2)
             torch.cuda.empty_cache()
         metrics[f"arch_speed_ratio_{key}"] = round(rates["tscale"] / rates["gpt2"], 4)
-        if "tscale_fa2" in rates:
-            metrics[f"arch_speed_ratio_fa2_{key}"] = round(rates["tscale_fa2"] / rates["gpt2"], 4)
-        if "tscale_fused_loss" in rates:
-            metrics[f"arch_speed_ratio_fused_loss_{key}"] = round(rates["tscale_fused_loss"] / rates["gpt2"], 4)
+        for arch in archs:
+            if arch.startswith("tscale_"):
+                metrics[f"arch_speed_ratio_{arch.removeprefix('tscale_')}_{key}"] = round(rates[arch] / rates["gpt2"], 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{' (also with train.attention = fa2)' if args.fa2 else ''}"
+            f"{' (also with train.attention = fa2_global)' if args.fa2_global else ''}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''} on {args.tokens.name}, "
             f"batch {args.batch_size} x 1024, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")

@@ -191,12 +191,12 @@ def cmd_attention(args, s: Scale) -> None:
 
     results = Results(args.work)
     out, path = {}, None
-    if args.attention == "fa2":
+    if args.attention != "auto":
         from tscale.ops.attention_fa2 import fa2_unusable_reason
 
         why = fa2_unusable_reason(resolve_device("auto"), torch.bfloat16, 128)
         if why:
-            raise SystemExit(f"architecture.py attention --attention fa2: {why}")
+            raise SystemExit(f"architecture.py attention --attention {args.attention}: {why}")
     for seq_len in s.attn_seq_lens:
         batch = max(1, s.attn_tokens // seq_len)
         overrides = [f"model.seq_len={seq_len}", f'data.tokens="{args.tokens}"',
@@ -255,7 +255,7 @@ def main() -> None:
     ap.add_argument("--max-ratio", type=float, help="tscale's schedule spans this fraction of B [0.5; tiny: 1.0]")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized models and budgets (plumbing check)")
     ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
-    ap.add_argument("--attention", choices=["auto", "fa2"], default="auto",
+    ap.add_argument("--attention", choices=["auto", "fa2", "fa2_global"], default="auto",
                     help="attention: the tscale model's op, as train.attention chooses it [auto]")
     ap.add_argument("--beside", action="store_true",
                     help="convergence --arch tscale: run the whole schedule beside gpt2's run, not stopping at its loss")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
-from tscale.ops.attention_fa2 import attention_fa2, runs_of_doc_ids
+from tscale.ops.attention_fa2 import DocRuns, attention_fa2, runs_of_doc_ids
 
 
 class _Messages(logging.Handler):
@@ -92,6 +92,13 @@ def _fa2_op(q, k, v, runs, window: int, sink: bool, scale: float):
     return attention_fa2(q, k, v, runs, window=window, sink=sink, scale=scale)  # (B, T, H, D), the layer's layout
 
 
+def _mixed_op(q, k, v, runs_or_doc_ids, window: int, sink: bool, scale: float):
+    """FlashAttention-2 for a call given document runs, the default op for one given document ids."""
+    if isinstance(runs_or_doc_ids, DocRuns):
+        return _fa2_op(q, k, v, runs_or_doc_ids, window, sink, scale)
+    return _tscale_op(q, k, v, runs_or_doc_ids, window, sink, scale)
+
+
 def _sdpa_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -140,7 +147,8 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
                         compile_ops: bool, warmup: int = 3, impl: str = "auto") -> dict:
     """Seconds of all attention (forward + backward) in one step over idx (B, T): tscale op vs causal SDPA.
 
-    impl "auto": the op the model calls by default; "fa2": tscale.ops.attention_fa2 (train.attention = "fa2").
+    impl "auto": the op the model calls by default; "fa2": tscale.ops.attention_fa2 (train.attention = "fa2");
+    "fa2_global": attention_fa2 in the global layers, the default op in the windowed ones.
     warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed run).
     """
     device = idx.device
@@ -150,6 +158,12 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
         for call in calls:  # built as the training loop builds them, outside the timing
             call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape).to(device)
         op = _fa2_op
+    elif impl == "fa2_global":
+        said = f"FlashAttention-2 in the global layers, {op_path(calls[0]) or 'the default op'} in the windowed ones"
+        for call in calls:
+            if not call["window"]:
+                call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape).to(device)
+        op = _mixed_op
     else:
         said = op_path(calls[0])
         op = _tscale_op

@@ -22,6 +22,8 @@ METRIC_TARGETS = {  # the issue's metrics: key -> (target, whether a value meets
     "causal_vs_sdpa_time_ratio": ("<= 1.25", lambda v: v <= 1.25),
 }
 KERNEL_KEYS = ("kernel_vs_flex_speedup", "causal_vs_sdpa_time_ratio")
+# attention measurements by the model's op ("attention", the headline) and by the train.attention alternatives
+ATTENTION_PARTS = ("attention", "attention_fa2", "attention_fa2_global")
 
 WARMUP_STEPS_SKIPPED = 20  # log intervals of the first steps are left out of tokens/s (first-step allocations)
 
@@ -110,8 +112,9 @@ def convergence_part(results: dict) -> tuple[dict, dict]:
 
 
 def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
-    """Metrics and note of one attention measurement: key "attention" (the default op) or "attention_fa2"
-    (train.attention = "fa2"; its metrics are named attention_fa2_*, beside the headline's)."""
+    """Metrics and note of one attention measurement: key "attention" (the default op), "attention_fa2" or
+    "attention_fa2_global" (train.attention = "fa2" / "fa2_global"; their metrics are named <key>_*, beside the
+    headline's)."""
     att = results.get(key)
     if not att:
         return {}, {}
@@ -164,12 +167,16 @@ def _previous(out_dir: Path) -> tuple[dict, dict]:
     return record.get("metrics", {}), notes
 
 
+def _attention_part_of(key: str) -> str | None:
+    """The attention measurement a metric key belongs to: the longest of ATTENTION_PARTS it starts with."""
+    parts = [p for p in ATTENTION_PARTS if key.startswith(p + "_")]
+    return max(parts, key=len) if parts else None
+
+
 def _owned(part: str) -> Callable[[str], bool]:
     """Which metric keys a part writes (and so replaces when it is measured again)."""
-    if part == "attention":
-        return lambda k: k.startswith("attention_") and not k.startswith("attention_fa2_")
-    if part == "attention_fa2":
-        return lambda k: k.startswith("attention_fa2_")
+    if part in ATTENTION_PARTS:
+        return lambda k: _attention_part_of(k) == part
     if part == "kernel":
         return lambda k: k in KERNEL_KEYS
     return lambda k: not k.startswith("attention_") and k not in KERNEL_KEYS
@@ -178,8 +185,9 @@ def _owned(part: str) -> Callable[[str], bool]:
 def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
     """(metrics, notes, markdown table): this call's parts replace the previous record's, the rest is kept."""
     metrics, notes = _previous(out_dir)
-    for part, (m, n) in (("convergence", convergence_part(results)), ("attention", attention_part(results)),
-                         ("attention_fa2", attention_part(results, "attention_fa2")), ("kernel", kernel_part(out_dir))):
+    parts = [("convergence", convergence_part(results)), *((p, attention_part(results, p)) for p in ATTENTION_PARTS),
+             ("kernel", kernel_part(out_dir))]
+    for part, (m, n) in parts:
         if not n:
             continue
         owned = _owned(part)
@@ -188,7 +196,7 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
         notes.update(n)
     notes["run"] = ("scripts/bench/issue3_gpu.sh 1 (convergence, throughput), then 2 (attention; the ablation is "
                     "docs/bench/ablation.json); protocol in docs/architecture.md.")
-    order = ["convergence", "throughput", "attention", "attention_fa2", "kernel", "run"]
+    order = ["convergence", "throughput", *ATTENTION_PARTS, "kernel", "run"]
     text = "\n".join(f"[{tag}] {notes[tag]}" for tag in order + sorted(set(notes) - set(order)) if tag in notes)
     return metrics, text, markdown_table(metrics)
 

@@ -7,7 +7,7 @@ a document boundary (documents end with the eos token; the eos token opens the n
 like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
 layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
 Attention goes through tscale.ops.attention, or, for training steps given the batch's document
-runs (`train.attention = "fa2"`), through tscale.ops.attention_fa2. Built with an enabled IndexConfig, it also
+runs (`train.attention = "fa2"`; "fa2_global": the global layers only), through tscale.ops.attention_fa2. Built with an enabled IndexConfig, it also
 holds the token index's input embeddings (added before the embedding normalisation) and/or
 output mixture (tscale/model/index_adapter.py).
 """
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
-        if runs is not None:  # FlashAttention-2 over the batch's document runs, in this (B, T, H, D) layout
+        if runs is not None and runs.serves(self.window):  # FlashAttention-2 over the batch's runs, (B, T, H, D)
             y = attention_fa2(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)
         else:
             y = self._attend(q, k, v, doc_ids, layer, cache).transpose(1, 2)  # (B, T, H, D)
@@ -178,7 +178,8 @@ class TScaleLM(nn.Module):
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
 
         runs: idx's document runs (tscale.ops.attention_fa2.doc_runs, by the model.doc_mask rule),
-        to run attention through FlashAttention-2; training steps only (no cache).
+        to run attention through FlashAttention-2 in the layers they serve (all, or the global ones);
+        training steps only (no cache).
 
         index: the token index's features of these positions (models built with the index need
         them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
@@ -204,7 +205,7 @@ class TScaleLM(nn.Module):
         if runs is not None and cache is not None:
             raise ValueError("document runs (FlashAttention-2) are for training steps, not cached decoding")
         doc_ids = None
-        if c.doc_mask and runs is None:
+        if c.doc_mask and (runs is None or not runs.windowed):
             starts = idx == c.eos_id  # (B, T): eos ends a document and opens the next
             doc_ids = cache.doc_ids(starts) if cache is not None else starts.long().cumsum(1)  # (B, pos+T)
         for i, block in enumerate(self.blocks):

@@ -1,7 +1,8 @@
 """torch's FlashAttention-2 under the tscale mask: documents as a varlen batch, the window, and an exact sink on top.
 
 An alternative to the fused kernel of csrc/attention for training steps (`train.attention =
-"fa2"`), built on aten::_flash_attention_forward / _backward. The mask maps onto it as:
+"fa2"`, or "fa2_global" for the global layers alone), built on aten::_flash_attention_forward /
+_backward. The mask maps onto it as:
   documents  a variable-length batch, one sequence per document run of each batch row
              (`doc_runs`, computed on the host from the batch's token ids before it goes to
              the GPU, so no step waits on a device-to-host copy);
@@ -35,22 +36,28 @@ def flash_backward(*args, **kwargs):
 class DocRuns:
     """The sequences of a (B, T) batch for FlashAttention's varlen form: offsets (N + 1,) int32, and the bound on
     their length FlashAttention sizes its grid by: T, whatever the batch (a per-batch value would make
-    torch.compile specialise on it and recompile every step)."""
+    torch.compile specialise on it and recompile every step). `windowed`: whether the sliding-window layers take
+    FlashAttention-2 too (False: only the global layers do, the windowed ones keep tscale.ops.attention)."""
 
     cu: torch.Tensor
     max_len: int
+    windowed: bool = True
+
+    def serves(self, window: int) -> bool:
+        """Whether a layer of this window (0: the whole context) runs FlashAttention-2 over these runs."""
+        return self.windowed or not window
 
     def to(self, device, non_blocking: bool = False) -> "DocRuns":
         """On `device`; non_blocking to a GPU copies from pinned memory (from pageable memory CUDA would first wait
         for the stream's queued work, and the host could no longer run ahead of the GPU)."""
         cu = self.cu.pin_memory() if non_blocking and torch.device(device).type == "cuda" else self.cu
-        return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len)
+        return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len, self.windowed)
 
 
-def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET) -> DocRuns:
+def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET, windowed: bool = True) -> DocRuns:
     """The runs of a (B, T) batch: opens (B, T) bool, True where a document opens (the model's rule: at an
     eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
-    at 0. Offsets padded with empty runs to a multiple of `bucket`; max_len is T."""
+    at 0. Offsets padded with empty runs to a multiple of `bucket`; max_len is T; windowed as DocRuns."""
     new = torch.zeros(B, T, dtype=torch.bool)
     new[:, 0] = True
     if opens is not None:
@@ -59,17 +66,17 @@ def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKE
     n = starts.numel()
     cu = torch.full((-(-n // bucket) * bucket + 1,), B * T, dtype=torch.int32)
     cu[:n] = starts.to(torch.int32)
-    return DocRuns(cu, T)
+    return DocRuns(cu, T, windowed)
 
 
-def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int) -> DocRuns:
+def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, windowed: bool = True) -> DocRuns:
     """doc_runs of document ids (B, T) as tscale.ops.attention takes them (None: one run per row): a run
     opens where the id changes."""
     opens = None
     if doc_ids is not None:
         opens = torch.zeros(B, T, dtype=torch.bool)
         opens[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).cpu()
-    return doc_runs(opens, B, T)
+    return doc_runs(opens, B, T, windowed=windowed)
 
 
 class _FlashMasked(torch.autograd.Function):

@@ -223,19 +223,20 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
             feats = feats.drop_windows(cfg.index.dropout)
         return replicas.module(x, index=feats, targets=y, **extra).mean()
 
-    fa2 = cfg.train.attention == "fa2"
+    fa2 = cfg.train.attention in ("fa2", "fa2_global")
+    fa2_windowed = cfg.train.attention == "fa2"
     if fa2:
         why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale"
                else fa2_unusable_reason(device, amp_dtype or torch.float32, cfg.model.head_dim))
         if why:
-            raise UserError(f'train.attention = "fa2": {why}; use train.attention = "auto"')
+            raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
     def batch_runs(x: torch.Tensor) -> DocRuns | None:
         """The document runs of a host batch x (B, T) for FlashAttention-2, on the device; None without fa2."""
         if not fa2:
             return None
         opens = (x == cfg.model.eos_id) if cfg.model.doc_mask else None
-        return doc_runs(opens, *x.shape).to(device, non_blocking=True)
+        return doc_runs(opens, *x.shape, windowed=fa2_windowed).to(device, non_blocking=True)
 
     mode = cfg.train.compile_mode  # "default" is torch's own default
     step_loss = torch.compile(forward_loss, mode=None if mode == "default" else mode) if cfg.train.compile else forward_loss
@@ -268,7 +269,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     def no_match() -> IndexFeatures | None:
         return IndexFeatures.empty(cfg.train.batch_size, cfg.model.seq_len, cfg.index.topk, device) if features else None
 
-    prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len).to(device) if fa2 else None
+    prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len, windowed=fa2_windowed).to(device) if fa2 else None
     replicas.prime(lambda: step_loss(zeros(), zeros(), no_match(), runs=prime_runs).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
