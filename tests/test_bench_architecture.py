@@ -96,7 +96,7 @@ def test_report_keeps_the_other_parts_metrics(tmp_path):
     attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
                           "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
                           "path": "FlexAttention"}}
-    metrics, notes, table = report_architecture.build_report({"attention": attention}, tmp_path, None)
+    metrics, notes, table, _ = report_architecture.build_report({"attention": attention}, tmp_path, None)
     assert metrics["convergence_tokens_ratio"] == 0.4 and metrics["throughput_ratio"] == 1.3
     assert metrics["attention_time_ratio_1024"] == pytest.approx(0.5)
     assert "[convergence] old run" in notes and "old attention" not in notes
@@ -111,7 +111,7 @@ def test_fa2_attention_is_reported_beside_the_headline_not_over_it(tmp_path):
     fa2 = {"1024": {"tscale_s": 0.001, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
                     "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
                     "path": "FlashAttention-2"}}
-    metrics, notes, table = report_architecture.build_report({"attention_fa2": fa2}, tmp_path, None)
+    metrics, notes, table, _ = report_architecture.build_report({"attention_fa2": fa2}, tmp_path, None)
     assert metrics["attention_time_ratio_1024"] == 0.9 and metrics["attention_fa2_time_ratio_1024"] == pytest.approx(0.25)
     assert "[attention] the default op" in notes and "[attention_fa2]" in notes and "FlashAttention-2" in notes
     assert "| attention_fa2_time_ratio_1024 | 0.25 | | |" in table
@@ -124,22 +124,41 @@ def test_fa2_global_attention_and_fa2_attention_keep_each_others_metrics(tmp_pat
     mixed = {"1024": {"tscale_s": 0.003, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
                       "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
                       "path": "FlashAttention-2 in the global layers"}}
-    metrics, notes, _ = report_architecture.build_report({"attention_fa2_global": mixed}, tmp_path, None)
+    metrics, notes, _, _ = report_architecture.build_report({"attention_fa2_global": mixed}, tmp_path, None)
     assert metrics["attention_fa2_time_ratio_1024"] == 0.8 and metrics["attention_time_ratio_1024"] == 0.9
     assert metrics["attention_fa2_global_time_ratio_1024"] == pytest.approx(0.75)
     assert "[attention_fa2_global]" in notes
     (tmp_path / "architecture.json").write_text(json.dumps({"metrics": metrics, "notes": notes}))
     mixed["1024"]["tscale_s"] = 0.002
-    metrics, _, _ = report_architecture.build_report({"attention_fa2": mixed}, tmp_path, None)
+    metrics, _, _, _ = report_architecture.build_report({"attention_fa2": mixed}, tmp_path, None)
     assert metrics["attention_fa2_global_time_ratio_1024"] == pytest.approx(0.75)
     assert metrics["attention_fa2_time_ratio_1024"] == pytest.approx(0.5)
+
+
+def test_report_keeps_other_scripts_paragraphs_and_the_first_parts_header(tmp_path):
+    """A report of attention alone keeps the paragraphs arch_speed.py / arch_profile.py merged into the record and
+    the header (date, commit, GPU, torch) of its convergence part; the attention note carries its own stamp."""
+    previous = {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11", "metrics": {"x": 1},
+                "notes": "[convergence] old run\n[run] how\n\narch speed (arch_speed.py): (stamp) rates\n\n"
+                         "profile (arch_profile.py): (stamp) kernels"}
+    (tmp_path / "architecture.json").write_text(json.dumps(previous))
+    attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
+                          "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
+                          "path": "kernel", "stamp": "2026-02-03, H200, torch 2.11, commit bbb222"}}
+    metrics, notes, _, header = report_architecture.build_report({"attention": attention}, tmp_path, None)
+    assert header == {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11"}
+    assert notes.endswith("\n\narch speed (arch_speed.py): (stamp) rates\n\nprofile (arch_profile.py): (stamp) kernels")
+    assert "[attention] (2026-02-03, H200, torch 2.11, commit bbb222) forward + backward" in notes
+    assert "[convergence] old run" in notes and metrics["x"] == 1
+    _, _, _, header = report_architecture.build_report({"convergence": {}, "attention": attention}, tmp_path, None)
+    assert header is None
 
 
 def test_report_names_the_per_call_sums_beside_the_step_headline(tmp_path):
     attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "tscale_per_call_s": 0.003, "sdpa_per_call_s": 0.004,
                           "windows": {"128": 9, "0": 3}, "batch_size": 32, "docs_per_row": 1.5,
                           "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True, "path": "kernel"}}
-    metrics, notes, _ = report_architecture.build_report({"attention": attention}, tmp_path, None)
+    metrics, notes, _, _ = report_architecture.build_report({"attention": attention}, tmp_path, None)
     assert metrics["attention_time_ratio_1024"] == pytest.approx(0.5)
     assert metrics["attention_per_call_time_ratio_1024"] == pytest.approx(0.75)
     assert metrics["attention_per_call_ms_tscale_1024"] == pytest.approx(3.0)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import curves  # noqa: E402
-from common import REPO, write_record  # noqa: E402
+from common import REPO, measurement_stamp, write_record  # noqa: E402
 
 @dataclass
 class Scale:
@@ -224,7 +224,7 @@ def cmd_attention(args, s: Scale) -> None:
             continue
         path = path or cost["path"]
         cost.update(path=path, batch_size=batch, seq_len=seq_len, window=cfg.model.window,
-                    global_every=cfg.model.global_every)
+                    global_every=cfg.model.global_every, stamp=measurement_stamp())
         out[str(seq_len)] = cost
         print(f"attention T={seq_len}: tscale {1e3 * cost['tscale_s']:.2f} ms, SDPA {1e3 * cost['sdpa_s']:.2f} ms, "
               f"ratio {cost['tscale_s'] / cost['sdpa_s']:.3f} ({path}; {cost['dtype']}, "
@@ -236,8 +236,8 @@ def cmd_attention(args, s: Scale) -> None:
 def cmd_report(args, s: Scale) -> None:
     from report_architecture import build_report
 
-    metrics, notes, table = build_report(Results(args.work).load(), args.out_dir, s)
-    path = write_record("architecture", metrics, notes, args.out_dir)
+    metrics, notes, table, header = build_report(Results(args.work).load(), args.out_dir, s)
+    path = write_record("architecture", metrics, notes, args.out_dir, header=header)
     print(table)
     print(f"wrote {path}")
 

@@ -30,14 +30,24 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def write_record(name: str, metrics: dict, notes: str, out_dir: Path) -> Path:
-    """docs/bench/NAME.json in the schema of DESIGN.md; a re-run replaces it."""
+def measurement_stamp() -> str:
+    """Where and when a part is measured: "date, gpu, torch x, commit y" of this machine and checkout."""
+    return f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
+
+
+def write_record(name: str, metrics: dict, notes: str, out_dir: Path, header: dict | None = None) -> Path:
+    """docs/bench/NAME.json in the schema of DESIGN.md; a re-run replaces it.
+
+    header: the date, commit, gpu and torch to keep (a record re-assembled from parts measured
+    earlier, whose first part was not measured now); by default this machine's and checkout's.
+    """
     record = {
         "benchmark": name,
         "date": datetime.date.today().isoformat(),
         "commit": git_commit(),
         "gpu": gpu_name(),
         "torch": torch.__version__,
+        **{k: header[k] for k in ("date", "commit", "gpu", "torch") if header and k in header},
         "command": " ".join(["python", *sys.argv]),
         "metrics": metrics,
         "notes": notes,
@@ -89,7 +99,7 @@ def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_
         return write_record(name, metrics, part_note, out_dir)
     record = json.loads(path.read_text())
     head = part_note.split(":", 1)[0]
-    stamp = stamp or f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
+    stamp = stamp or measurement_stamp()
     kept = [p for p in record.get("notes", "").split("\n\n") if p and not p.startswith(head + ":")]
     body = part_note.split(":", 1)[1].strip() if ":" in part_note else part_note
     record["notes"] = "\n\n".join([*kept, f"{head}: ({stamp}) {body}"])

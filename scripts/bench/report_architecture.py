@@ -130,7 +130,7 @@ def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
         layers = ", ".join(f"{n} x {'global' if w == '0' else 'window ' + w}" for w, n in c["windows"].items())
         pieces.append(f"T={seq_len}: B={c['batch_size']}, {layers}, {c['docs_per_row']:.2f} documents per row")
     first = next(iter(att.values()))
-    note = (f"forward + backward of every attention call of one training step ({first['shape'][1]} heads x "
+    note = ((f"({first['stamp']}) " if "stamp" in first else "") + f"forward + backward of every attention call of one training step ({first['shape'][1]} heads x "
             f"{first['shape'][3]}, q/k/v in {first['dtype']} as the model makes them, sink {first['sink']}), inputs "
             f"recorded from the tscale model's own forward over a run's first real batch (document ids from its "
             f"real boundaries); path: {first['path']}; baseline: F.scaled_dot_product_attention(is_causal=True) "
@@ -154,17 +154,26 @@ def kernel_part(out_dir: Path) -> tuple[dict, dict]:
                          f"({record.get('date')}, commit {str(record.get('commit'))[:12]}, {record.get('gpu')})."}
 
 
-def _previous(out_dir: Path) -> tuple[dict, dict]:
+def _previous(out_dir: Path) -> tuple[dict, dict, list[str], dict]:
+    """The record as it stands: (metrics, the [tag] notes by tag, its other paragraphs, its header).
+
+    The other paragraphs are those that merge_metrics adds for parts measured by other scripts
+    (arch_speed.py, arch_profile.py): kept as they are, after the tagged block."""
     path = out_dir / "architecture.json"
     if not path.is_file():
-        return {}, {}
+        return {}, {}, [], {}
     record = json.loads(path.read_text())
-    notes = {}
-    for line in record.get("notes", "").splitlines():
-        if line.startswith("[") and "]" in line:
-            tag, text = line[1:].split("]", 1)
-            notes[tag] = text.strip()
-    return record.get("metrics", {}), notes
+    notes, others = {}, []
+    for paragraph in record.get("notes", "").split("\n\n"):
+        if not paragraph.startswith("["):
+            others += [paragraph] if paragraph.strip() else []
+            continue
+        for line in paragraph.splitlines():
+            if line.startswith("[") and "]" in line:
+                tag, text = line[1:].split("]", 1)
+                notes[tag] = text.strip()
+    header = {k: record[k] for k in ("date", "commit", "gpu", "torch") if k in record}
+    return record.get("metrics", {}), notes, others, header
 
 
 def _attention_part_of(key: str) -> str | None:
@@ -182,9 +191,11 @@ def _owned(part: str) -> Callable[[str], bool]:
     return lambda k: not k.startswith("attention_") and k not in KERNEL_KEYS
 
 
-def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
-    """(metrics, notes, markdown table): this call's parts replace the previous record's, the rest is kept."""
-    metrics, notes = _previous(out_dir)
+def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str, dict | None]:
+    """(metrics, notes, markdown table, header): this call's parts replace the previous record's, the rest is
+    kept. header: the previous record's date, commit, gpu and torch when this call has no convergence part
+    (the record's first), else None (this machine's)."""
+    metrics, notes, others, header = _previous(out_dir)
     parts = [("convergence", convergence_part(results)), *((p, attention_part(results, p)) for p in ATTENTION_PARTS),
              ("kernel", kernel_part(out_dir))]
     for part, (m, n) in parts:
@@ -198,7 +209,8 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str]:
                     "docs/bench/ablation.json); protocol in docs/architecture.md.")
     order = ["convergence", "throughput", *ATTENTION_PARTS, "kernel", "run"]
     text = "\n".join(f"[{tag}] {notes[tag]}" for tag in order + sorted(set(notes) - set(order)) if tag in notes)
-    return metrics, text, markdown_table(metrics)
+    keep_header = header if header and "convergence" not in results else None
+    return metrics, "\n\n".join([text, *others]), markdown_table(metrics), keep_header
 
 
 def markdown_table(metrics: dict) -> str:
