@@ -89,3 +89,7 @@ def test_extra_docs_are_the_larger_index_documents_the_smaller_corpus_lacks(tmp_
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "index"), str(shuffled), "--minus", str(small),
                           "-o", str(tmp_path / "bad.jsonl.xz")], capture_output=True, text=True)
     assert bad.returncode != 0 and "in the order they were tokenized" in bad.stderr
+    assert not (tmp_path / "bad.jsonl.xz").exists() and not (tmp_path / "bad.jsonl.xz.tmp").exists()
+    again = subprocess.run([sys.executable, str(script), str(tmp_path / "index"), str(big), "--minus", str(small), "-o",
+                            str(out)], capture_output=True, text=True)
+    assert again.returncode != 0 and "exists" in again.stderr  # an earlier output is never overwritten

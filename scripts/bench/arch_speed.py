@@ -91,7 +91,8 @@ def main() -> None:
         metrics[f"arch_speed_ratio_{key}"] = round(rates["tscale"] / rates["gpt2"], 4)
         for arch in archs:
             if arch.startswith("tscale_"):
-                metrics[f"arch_speed_ratio_{arch.removeprefix('tscale_')}_{key}"] = round(rates[arch] / rates["gpt2"], 4)
+                variant = arch.removeprefix("tscale_")
+                metrics[f"arch_speed_ratio_{variant}_{key}"] = round(rates[arch] / rates["gpt2"], 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{' (also with train.attention = fa2)' if args.fa2 else ''}"

@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--minus", nargs="+", required=True, help="corpus files whose documents are left out (by source/doc)")
     ap.add_argument("-o", "--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.out.exists():
+        sys.exit(f"{args.out}: exists; choose another --out or remove it")
     index = Index(args.index)
     folder = TokenFolder(index.manifest["tokens"]["path"], verify=False)
     modulus = folder.manifest["split_rule"]["modulus"]
@@ -48,22 +50,29 @@ def main() -> None:
     kept = kept_training_docs(index)
     known = {(d.source, d.doc) for d in iter_documents(list_inputs(args.minus))}
     shard_no, doc_no, written, tokens = 0, 0, 0, 0
-    with lzma.open(args.out, "wt", encoding="utf-8", preset=9) as out:
-        for d in iter_documents(list_inputs(args.corpus)):
-            if not d.text or is_validation(d.source, d.doc, modulus):  # tokenize skips empty documents
-                continue
-            while doc_no >= len(shards[shard_no].docs):  # the next training document is in the next shard
-                shard_no, doc_no = shard_no + 1, 0
-            row = shards[shard_no].docs[doc_no]  # (start, source, text bytes)
-            if int(row[2]) != len(d.text.encode("utf-8")):
-                sys.exit(f"{d.source}/{d.doc}: {len(d.text.encode('utf-8'))} bytes, but training document {doc_no} of "
-                         f"shard {shard_no} of {folder.path} has {int(row[2])}: give the corpus files in the order "
-                         "they were tokenized")
-            if (shard_no, doc_no) in kept and (d.source, d.doc) not in known:
-                out.write(json.dumps({"source": d.source, "doc": d.doc, "text": d.text}, ensure_ascii=False) + "\n")
-                written += 1
-                tokens += int(lengths[shard_no][doc_no])
-            doc_no += 1
+    tmp = args.out.with_name(args.out.name + ".tmp")  # renamed when complete: a stopped run leaves no partial file
+    try:
+        with lzma.open(tmp, "wt", encoding="utf-8", preset=9) as out:
+            for d in iter_documents(list_inputs(args.corpus)):
+                if not d.text or is_validation(d.source, d.doc, modulus):  # tokenize skips empty documents
+                    continue
+                while doc_no >= len(shards[shard_no].docs):  # the next training document is in the next shard
+                    shard_no, doc_no = shard_no + 1, 0
+                row = shards[shard_no].docs[doc_no]  # (start, source, text bytes)
+                if int(row[2]) != len(d.text.encode("utf-8")):
+                    sys.exit(f"{d.source}/{d.doc}: {len(d.text.encode('utf-8'))} bytes, but training document "
+                             f"{doc_no} of shard {shard_no} of {folder.path} has {int(row[2])}: give the corpus "
+                             "files in the order they were tokenized")
+                if (shard_no, doc_no) in kept and (d.source, d.doc) not in known:
+                    line = json.dumps({"source": d.source, "doc": d.doc, "text": d.text}, ensure_ascii=False)
+                    out.write(line + "\n")
+                    written += 1
+                    tokens += int(lengths[shard_no][doc_no])
+                doc_no += 1
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(args.out)
     print(f"{written:,} documents, {tokens:,} tokens of {folder.path} -> {args.out} ({args.out.stat().st_size:,} bytes)")
 
 

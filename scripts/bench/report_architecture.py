@@ -130,7 +130,8 @@ def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
         layers = ", ".join(f"{n} x {'global' if w == '0' else 'window ' + w}" for w, n in c["windows"].items())
         pieces.append(f"T={seq_len}: B={c['batch_size']}, {layers}, {c['docs_per_row']:.2f} documents per row")
     first = next(iter(att.values()))
-    note = ((f"({first['stamp']}) " if "stamp" in first else "") + f"forward + backward of every attention call of one training step ({first['shape'][1]} heads x "
+    stamp = f"({first['stamp']}) " if "stamp" in first else ""
+    note = (f"{stamp}forward + backward of every attention call of one training step ({first['shape'][1]} heads x "
             f"{first['shape'][3]}, q/k/v in {first['dtype']} as the model makes them, sink {first['sink']}), inputs "
             f"recorded from the tscale model's own forward over a run's first real batch (document ids from its "
             f"real boundaries); path: {first['path']}; baseline: F.scaled_dot_product_attention(is_causal=True) "

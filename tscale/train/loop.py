@@ -269,7 +269,9 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     def no_match() -> IndexFeatures | None:
         return IndexFeatures.empty(cfg.train.batch_size, cfg.model.seq_len, cfg.index.topk, device) if features else None
 
-    prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len, windowed=fa2_windowed).to(device) if fa2 else None
+    prime_runs = None
+    if fa2:
+        prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len, windowed=fa2_windowed).to(device)
     replicas.prime(lambda: step_loss(zeros(), zeros(), no_match(), runs=prime_runs).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
