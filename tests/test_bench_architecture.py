@@ -89,13 +89,18 @@ def test_report_measures_the_crossing_against_gpt2s_final_loss(tmp_path):
     assert "convergence_tokens_ratio" not in metrics and "did NOT reach it" in notes["convergence"]
 
 
+def _measured(tscale_s: float, path: str, **extra) -> dict:
+    """One attention measurement at T 1024 as `architecture.py attention` records it, SDPA taking 4 ms."""
+    return {"1024": {"tscale_s": tscale_s, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
+                     "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
+                     "path": path, **extra}}
+
+
 def test_report_keeps_the_other_parts_metrics(tmp_path):
     previous = {"metrics": {"convergence_tokens_ratio": 0.4, "throughput_ratio": 1.3, "attention_time_ratio_1024": 0.9},
                 "notes": "[convergence] old run\n[attention] old attention"}
     (tmp_path / "architecture.json").write_text(json.dumps(previous))
-    attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
-                          "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
-                          "path": "FlexAttention"}}
+    attention = _measured(0.002, "FlexAttention")
     metrics, notes, table, _ = report_architecture.build_report({"attention": attention}, tmp_path, None)
     assert metrics["convergence_tokens_ratio"] == 0.4 and metrics["throughput_ratio"] == 1.3
     assert metrics["attention_time_ratio_1024"] == pytest.approx(0.5)
@@ -108,9 +113,7 @@ def test_fa2_attention_is_reported_beside_the_headline_not_over_it(tmp_path):
     """A run of `architecture.py attention --attention fa2` adds attention_fa2_* and leaves attention_* alone."""
     previous = {"metrics": {"attention_time_ratio_1024": 0.9}, "notes": "[attention] the default op"}
     (tmp_path / "architecture.json").write_text(json.dumps(previous))
-    fa2 = {"1024": {"tscale_s": 0.001, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
-                    "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
-                    "path": "FlashAttention-2"}}
+    fa2 = _measured(0.001, "FlashAttention-2")
     metrics, notes, table, _ = report_architecture.build_report({"attention_fa2": fa2}, tmp_path, None)
     assert metrics["attention_time_ratio_1024"] == 0.9 and metrics["attention_fa2_time_ratio_1024"] == pytest.approx(0.25)
     assert "[attention] the default op" in notes and "[attention_fa2]" in notes and "FlashAttention-2" in notes
@@ -121,9 +124,7 @@ def test_fa2_global_attention_and_fa2_attention_keep_each_others_metrics(tmp_pat
     """attention_fa2_global_* share attention_fa2_'s prefix: measuring either replaces only its own keys."""
     previous = {"metrics": {"attention_time_ratio_1024": 0.9, "attention_fa2_time_ratio_1024": 0.8}, "notes": ""}
     (tmp_path / "architecture.json").write_text(json.dumps(previous))
-    mixed = {"1024": {"tscale_s": 0.003, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
-                      "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
-                      "path": "FlashAttention-2 in the global layers"}}
+    mixed = _measured(0.003, "FlashAttention-2 in the global layers")
     metrics, notes, _, _ = report_architecture.build_report({"attention_fa2_global": mixed}, tmp_path, None)
     assert metrics["attention_fa2_time_ratio_1024"] == 0.8 and metrics["attention_time_ratio_1024"] == 0.9
     assert metrics["attention_fa2_global_time_ratio_1024"] == pytest.approx(0.75)
@@ -142,9 +143,7 @@ def test_report_keeps_other_scripts_paragraphs_and_the_first_parts_header(tmp_pa
                 "notes": "[convergence] old run\n[run] how\n\narch speed (arch_speed.py): (stamp) rates\n\n"
                          "profile (arch_profile.py): (stamp) kernels"}
     (tmp_path / "architecture.json").write_text(json.dumps(previous))
-    attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,
-                          "docs_per_row": 1.5, "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True,
-                          "path": "kernel", "stamp": "2026-02-03, H200, torch 2.11, commit bbb222"}}
+    attention = _measured(0.002, "kernel", stamp="2026-02-03, H200, torch 2.11, commit bbb222")
     metrics, notes, _, header = report_architecture.build_report({"attention": attention}, tmp_path, None)
     assert header == {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11"}
     assert notes.endswith("\n\narch speed (arch_speed.py): (stamp) rates\n\nprofile (arch_profile.py): (stamp) kernels")
@@ -155,9 +154,7 @@ def test_report_keeps_other_scripts_paragraphs_and_the_first_parts_header(tmp_pa
 
 
 def test_report_names_the_per_call_sums_beside_the_step_headline(tmp_path):
-    attention = {"1024": {"tscale_s": 0.002, "sdpa_s": 0.004, "tscale_per_call_s": 0.003, "sdpa_per_call_s": 0.004,
-                          "windows": {"128": 9, "0": 3}, "batch_size": 32, "docs_per_row": 1.5,
-                          "shape": [32, 6, 1024, 128], "dtype": "bfloat16", "sink": True, "path": "kernel"}}
+    attention = _measured(0.002, "kernel", tscale_per_call_s=0.003, sdpa_per_call_s=0.004)
     metrics, notes, _, _ = report_architecture.build_report({"attention": attention}, tmp_path, None)
     assert metrics["attention_time_ratio_1024"] == pytest.approx(0.5)
     assert metrics["attention_per_call_time_ratio_1024"] == pytest.approx(0.75)
