@@ -187,3 +187,26 @@ def test_step_timing_runs_every_forward_then_one_backward_through_all(monkeypatc
     assert seconds > 0
     assert forwards == [4, 0, 4] + [4, 0, 4] * 3  # one call each to make dO, then warm-up + 2 timed steps
     assert backwards == [(3, 9)] * 3
+
+
+def test_step_cost_profiles_the_kernels_of_each_side_when_asked():
+    """attention_step_cost(profile_steps=N): per side, the time of each op or kernel a profiled step runs (on the CPU
+    the ops' own time), beside the timings; without it, no profile."""
+    from tscale.config import load_config
+    from tscale.model import build_model
+
+    cfg = load_config(None, ['model.arch="tscale"', "model.n_layer=2", "model.n_head=2", "model.d_model=32",
+                             "model.head_dim=16", "model.seq_len=32", "model.window=8", "model.global_every=2",
+                             "model.vocab_size=64", "model.eos_id=5"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    idx = torch.randint(0, 64, (2, 32))
+    cost = attention_cost.attention_step_cost(model, idx, None, repeats=1, compile_ops=False, warmup=1, profile_steps=2)
+    for side in ("tscale", "sdpa"):
+        times = cost[f"{side}_kernels_ms"]
+        assert times and all(ms >= 0 for ms in times.values()) and sum(times.values()) > 0
+        assert list(times.values()) == sorted(times.values(), reverse=True)
+    assert any("scaled_dot_product" in name for name in cost["sdpa_kernels_ms"])
+    assert any("tscale::attention" in name for name in cost["tscale_kernels_ms"])
+    plain = attention_cost.attention_step_cost(model, idx, None, repeats=1, compile_ops=False, warmup=1)
+    assert "tscale_kernels_ms" not in plain and plain["tscale_s"] > 0

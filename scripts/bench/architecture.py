@@ -215,7 +215,8 @@ def cmd_attention(args, s: Scale) -> None:
         t0 = time.time()
         cost = attention_step_cost(model, x.to(device), resolve_autocast_dtype(cfg.train.dtype, device),
                                    1 if args.warm else s.attn_repeats, warmup=1 if args.warm else 3,
-                                   compile_ops=s.attn_compile and device.type == "cuda", impl=args.attention)
+                                   compile_ops=s.attn_compile and device.type == "cuda", impl=args.attention,
+                                   profile_steps=0 if args.warm else args.profile_steps)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -229,6 +230,9 @@ def cmd_attention(args, s: Scale) -> None:
         print(f"attention T={seq_len}: tscale {1e3 * cost['tscale_s']:.2f} ms, SDPA {1e3 * cost['sdpa_s']:.2f} ms, "
               f"ratio {cost['tscale_s'] / cost['sdpa_s']:.3f} ({path}; {cost['dtype']}, "
               f"{cost['docs_per_row']:.2f} documents per row; {time.time() - t0:.0f} s)", flush=True)
+        for side in ("tscale", "sdpa"):
+            for kernel, ms in list(cost.get(f"{side}_kernels_ms", {}).items())[:12]:
+                print(f"  {side} {ms:8.3f} ms  {kernel}", flush=True)
     if not args.warm:
         results.put("attention" if args.attention == "auto" else f"attention_{args.attention}", out)
 
@@ -257,6 +261,8 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
     ap.add_argument("--attention", choices=["auto", "fa2", "fa2_global"], default="auto",
                     help="attention: the tscale model's op, as train.attention chooses it [auto]")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="attention: also profile this many steps of each side (kernel time by name, in results.json)")
     ap.add_argument("--beside", action="store_true",
                     help="convergence --arch tscale: run the whole schedule beside gpt2's run, not stopping at its loss")
     ap.add_argument("--verbose", action="store_true", help="show the training progress lines")

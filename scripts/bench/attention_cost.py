@@ -21,11 +21,12 @@ timing as the training loop builds them before a step.
 """
 
 import logging
-from collections import Counter
+from collections import Counter, defaultdict
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
@@ -128,10 +129,9 @@ def time_call(op, call: dict, device: torch.device, repeats: int, warmup: int = 
     return time_per_call(step, device, repeats, warmup=warmup)
 
 
-def time_step(op, calls: list[dict], device: torch.device, repeats: int, warmup: int = 3,
-              dtype: torch.dtype | None = None) -> float:
-    """Seconds for all recorded calls as a training step runs them: every forward in layer order, then one
-    backward through all of them (a single autograd call), so the host queues the whole step ahead of the GPU."""
+def step_of(op, calls: list[dict], dtype: torch.dtype | None = None):
+    """All recorded calls as a training step runs them: every forward in layer order, then one backward
+    through all of them (a single autograd call), so the host queues the whole step ahead of the GPU."""
     inputs = [_inputs(op, call, dtype) for call in calls]
     leaves = [t for call_leaves, _, _ in inputs for t in call_leaves]
     grads = [grad for _, _, grad in inputs]
@@ -140,16 +140,45 @@ def time_step(op, calls: list[dict], device: torch.device, repeats: int, warmup:
         outs = [op(*call_leaves, *args) for call_leaves, args, _ in inputs]
         torch.autograd.grad(outs, leaves, grads)
 
-    return time_per_call(step, device, repeats, warmup=warmup)
+    return step
+
+
+def time_step(op, calls: list[dict], device: torch.device, repeats: int, warmup: int = 3,
+              dtype: torch.dtype | None = None) -> float:
+    """Seconds for all recorded calls as a training step runs them (step_of)."""
+    return time_per_call(step_of(op, calls, dtype), device, repeats, warmup=warmup)
+
+
+def kernel_times(run, steps: int, device: torch.device, warmup: int = 3) -> dict[str, float]:
+    """Milliseconds per call of `run` in each kernel it launches, by name, largest first: GPU time under
+    torch.profiler on CUDA, the ops' own CPU time elsewhere (where a test can check the plumbing)."""
+    for _ in range(warmup):
+        run()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            run()
+        if cuda:
+            torch.cuda.synchronize(device)
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time / 1000.0 / steps
+        elif not cuda and event.device_type == torch.autograd.DeviceType.CPU:
+            totals[event.name[:90]] += event.self_cpu_time_total / 1000.0 / steps
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, repeats: int,
-                        compile_ops: bool, warmup: int = 3, impl: str = "auto") -> dict:
+                        compile_ops: bool, warmup: int = 3, impl: str = "auto", profile_steps: int = 0) -> dict:
     """Seconds of all attention (forward + backward) in one step over idx (B, T): tscale op vs causal SDPA.
 
     impl "auto": the op the model calls by default; "fa2": tscale.ops.attention_fa2 (train.attention = "fa2");
     "fa2_global": attention_fa2 in the global layers, the default op in the windowed ones.
-    warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed run).
+    warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed run). profile_steps > 0 also
+    profiles that many steps of each side: tscale_kernels_ms / sdpa_kernels_ms, kernel name -> ms per step.
     """
     device = idx.device
     calls = record_attention_calls(model, idx, amp_dtype)
@@ -187,4 +216,7 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
         "sdpa_dtype": str(amp_dtype or q.dtype).replace("torch.", ""),
         "docs_per_row": float(docs[:, -1].float().mean() + 1 - docs[:, 0].float().mean()) if docs is not None else 1.0,
         "sink": bool(calls[0]["sink"]),
+        **({"tscale_kernels_ms": kernel_times(step_of(ours, calls), profile_steps, device),
+            "sdpa_kernels_ms": kernel_times(step_of(sdpa, calls, amp_dtype), profile_steps, device)}
+           if profile_steps else {}),
     }

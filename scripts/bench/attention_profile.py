@@ -11,34 +11,17 @@ Run: python scripts/bench/attention_profile.py [--seq 1024 4096] [--steps 10] [-
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_cost import kernel_times  # noqa: E402
 from attention_kernel import D, TOKENS, WINDOW, doc_ids, fwd_bwd  # noqa: E402
 from common import git_commit, gpu_name  # noqa: E402
 
 from tscale.ops.attention import attention_kernel, kernel_unusable_reason  # noqa: E402
-
-
-def kernel_times(run, steps: int) -> dict[str, float]:
-    """GPU ms per call of each kernel name that `run` launches (summed over its launches)."""
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:90]] += event.device_time / 1000.0 / steps
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
@@ -67,7 +50,7 @@ def main() -> None:
             "sdpa_causal": lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
         }
         for name, f in cases.items():
-            times = kernel_times(fwd_bwd(f, leaves, do), args.steps)
+            times = kernel_times(fwd_bwd(f, leaves, do), args.steps, q.device)
             key = f"T{T}_{name}"
             record["profiles"][key] = times
             print(f"{key}: {sum(times.values()):.3f} ms of GPU kernels per forward + backward")
