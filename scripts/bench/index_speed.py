@@ -3,10 +3,12 @@
 Tokenizes nothing itself: give it a token folder (e.g. ../shared/data/mix.jsonl.xz through
 `tscale tokenize --tokenizer ../shared/data/gpt2-bpe`). Builds the index once (SA-IS over the
 training tokens), then streams validation tokens (no exclusion) and training tokens
-(leave-one-out) through Index.lookup. Writes docs/bench/index.json.
+(leave-one-out) through Index.lookup. Merges its part "speed (index_speed.py)" into
+OUT/index.json (default docs/bench), keeping the record's other parts.
 """
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, write_record  # noqa: E402
+from common import REPO, merge_metrics  # noqa: E402
 
 from tscale.data.shards import TokenFolder  # noqa: E402
 from tscale.index import Index, build_index  # noqa: E402
@@ -72,15 +74,17 @@ def main() -> None:
         "val_mean_match_len": round(float(lens.mean()), 3),
         "cores": cores,
     }
-    notes = (f"CPU, {cores} threads shared with other processes. Each shard's suffix array (SA-IS) is sorted by one "
+    notes = (f"speed (index_speed.py): CPU, {cores} threads shared with other processes. Each shard's suffix array "
+             "(SA-IS) is sorted by one "
              f"thread, {workers} shard(s) at once, so build_tokens_per_s_per_core = index tokens / (sort-phase seconds x "
              "shards sorted at once); build_stage_* is the whole stage (reading, SA, writing) per core. Lookup: "
              f"validation tokens streamed with max_len 64, top-4, max_support 64, all cores, median of {args.repeats} runs "
-             "(min/max given); the train figure is leave-one-out, top-1 (the --features path). lookup_table_seconds: first "
-             "lookup, which builds the token-pair table. bytes_per_token: 2 (uint16 tokens) + 4 (uint32 SA) + the "
-             "document table on disk; the pair table (8 bytes per distinct token pair) is built in memory on open.")
-    path = write_record("index", metrics, notes, args.out)
-    print(path.read_text())
+             "(min/max given); the train figure is leave-one-out, top-1 (the --features path). "
+             "lookup_table_seconds: first lookup, which builds the token-pair table. bytes_per_token: 2 (uint16 "
+             "tokens) + 4 (uint32 SA) + the document table on disk; the pair table (8 bytes per distinct token pair) "
+             "is built in memory on open.")
+    print(json.dumps(metrics, indent=1))
+    print(f"-> {merge_metrics('index', metrics, notes, args.out)}")
 
 
 if __name__ == "__main__":
