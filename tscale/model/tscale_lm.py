@@ -7,9 +7,10 @@ a document boundary (documents end with the eos token; the eos token opens the n
 like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
 layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
 Attention goes through tscale.ops.attention, or, for training steps given the batch's document
-runs (`train.attention = "fa2"`; "fa2_global": the global layers only), through tscale.ops.attention_fa2. Built with an enabled IndexConfig, it also
-holds the token index's input embeddings (added before the embedding normalisation) and/or
-output mixture (tscale/model/index_adapter.py).
+runs (`train.attention = "fa2"`; "fa2_global": the global layers only), through
+tscale.ops.attention_fa2. Built with an enabled IndexConfig, it also holds the token index's
+input embeddings (added before the embedding normalisation) and/or output mixture
+(tscale/model/index_adapter.py).
 """
 
 import torch

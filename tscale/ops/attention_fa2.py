@@ -69,14 +69,14 @@ def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKE
     return DocRuns(cu, T, windowed)
 
 
-def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, windowed: bool = True) -> DocRuns:
+def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int) -> DocRuns:
     """doc_runs of document ids (B, T) as tscale.ops.attention takes them (None: one run per row): a run
     opens where the id changes."""
     opens = None
     if doc_ids is not None:
         opens = torch.zeros(B, T, dtype=torch.bool)
         opens[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).cpu()
-    return doc_runs(opens, B, T, windowed=windowed)
+    return doc_runs(opens, B, T)
 
 
 class _FlashMasked(torch.autograd.Function):
