@@ -20,8 +20,6 @@ import lzma
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from tscale.data.shards import TokenFolder
 from tscale.data.text_input import iter_documents, list_inputs
 from tscale.data.tokenize import is_validation
@@ -46,7 +44,7 @@ def main() -> None:
     folder = TokenFolder(index.manifest["tokens"]["path"], verify=False)
     modulus = folder.manifest["split_rule"]["modulus"]
     shards = folder.shards("train")
-    lengths = [s.doc_ends - s.docs[:, 0].astype(np.int64) for s in shards]  # tokens per document
+    lengths = [s.doc_lengths for s in shards]  # tokens per document
     kept = kept_training_docs(index)
     known = {(d.source, d.doc) for d in iter_documents(list_inputs(args.minus))}
     shard_no, doc_no, written, tokens = 0, 0, 0, 0

@@ -27,7 +27,7 @@ def val_stream(folder: TokenFolder) -> tuple[np.ndarray, np.ndarray]:
     tokens, sources = [], []
     for shard in folder.shards("val"):
         toks = np.asarray(shard.tokens, dtype=np.int64)
-        lengths = shard.doc_ends - shard.docs[:, 0].astype(np.int64)  # (D,) tokens per document
+        lengths = shard.doc_lengths  # (D,) tokens per document
         src = np.repeat(shard.docs[:, 1].astype(np.int64), lengths)  # (N,)
         tokens.append(toks)
         sources.append(src)

@@ -45,6 +45,11 @@ class Shard:
     def doc_ends(self) -> np.ndarray:
         return np.append(self.docs[1:, 0], len(self.tokens)).astype(np.int64)
 
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        """(D,) int64 tokens per document (its eos included)."""
+        return self.doc_ends - self.docs[:, 0].astype(np.int64)
+
 
 class TokenFolder:
     """Read side of a token folder: checks the manifest, then memory-maps the shards."""

@@ -103,7 +103,7 @@ class _Tally:
         out = np.zeros(len(self.nats), dtype=np.float64)
         for k, scored in self.scored.items():
             docs = shards[k].docs
-            ntok = shards[k].doc_ends - docs[:, 0].astype(np.int64)  # (D,)
+            ntok = shards[k].doc_lengths  # (D,)
             ntok[0] -= 1  # a shard's first token is never a target
             frac = np.where(scored >= ntok, 1.0, scored / np.maximum(ntok, 1))
             out += np.bincount(docs[:, 1].astype(np.int64), weights=docs[:, 2] * frac, minlength=len(out))

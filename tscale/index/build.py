@@ -212,4 +212,4 @@ def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: i
 
 def _doc_tokens(folder: TokenFolder, chosen: list[np.ndarray]) -> int:
     """Tokens in the training documents `chosen` (per train shard, a bool (D,) mask)."""
-    return sum(int((s.doc_ends - s.docs[:, 0].astype(np.int64))[c].sum()) for s, c in zip(folder.shards("train"), chosen))
+    return sum(int(s.doc_lengths[c].sum()) for s, c in zip(folder.shards("train"), chosen))
