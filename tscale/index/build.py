@@ -94,7 +94,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         limit = min(limit, shard_tokens_for(max_memory_gb / workers))
     for split in ("train", "val"):
         folder.shards(split)  # open (and check) every shard before starting
-    against = _validation_folder(folder, decontaminate_against)
+    against, against_identity = _validation_folder(folder, decontaminate_against)
     t0 = time.perf_counter()
     dropped = [np.zeros(len(s.docs), bool) for s in folder.shards("train")]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
@@ -104,7 +104,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
             task = progress.add_task(f"decontaminating ({decontaminate}-token spans)", total=folder.num_tokens("train"))
             dropped = contaminated_docs(folder, decontaminate, against, lambda n: progress.advance(task, n))
         fields = write_index(folder, dropped, limit, workers, tmp, progress, "building suffix arrays")
-        fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate, against)
+        fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate, against_identity)
         fields["build"].update(max_memory_gb=max_memory_gb, seconds=round(time.perf_counter() - t0, 3))
         files = fields.pop("files")
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
@@ -186,27 +186,29 @@ def _assemble(folder: TokenFolder, dropped: list[np.ndarray], limit: int) -> Ite
         yield np.concatenate(parts), np.array(rows, dtype=np.uint64).reshape(-1, DOC_COLUMNS)
 
 
-def _validation_folder(folder: TokenFolder, path: str | os.PathLike | None) -> TokenFolder | None:
-    """The token folder whose validation documents --decontaminate-against names, checked; None: `folder`'s own."""
+def _validation_folder(folder: TokenFolder, path: str | os.PathLike | None) -> tuple[TokenFolder | None, dict | None]:
+    """The token folder whose validation documents --decontaminate-against names, checked, and its identity
+    (tokens_identity, for the manifest); (None, None): `folder`'s own."""
     if path is None:
-        return None
+        return None, None
     other = TokenFolder(path)
     other.shards("val")
-    mine, theirs = sha256_file(folder.tokenizer_path), sha256_file(other.tokenizer_path)
+    identity = tokens_identity(other)
+    mine, theirs = sha256_file(folder.tokenizer_path), identity["tokenizer_sha256"]
     if mine != theirs:
         raise UserError(f"--decontaminate-against {path}: its tokenizer (sha256 {theirs[:12]}…) differs from that of "
                         f"{folder.path} ({mine[:12]}…); tokenize both with the same tokenizer")
-    return other
+    return other, identity
 
 
 def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: int | None,
-                            against: TokenFolder | None = None) -> dict | None:
+                            against: dict | None = None) -> dict | None:
     if not n:
         return None
     record = {"ngram": n, "method": "64-bit hashes of every n-gram of the validation documents",
               "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": _doc_tokens(folder, dropped)}
     if against is not None:  # another folder's validation documents (default: the indexed folder's own)
-        record["against"] = tokens_identity(against)
+        record["against"] = against
     return record
 
 
