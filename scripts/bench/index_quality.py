@@ -256,8 +256,8 @@ def main() -> None:
     for name, m in zip(names[1:], manifests):
         metrics[f"quality_{name}_ngram"] = m["decontamination"]["ngram"]
         metrics[f"quality_{name}_dropped_token_share"] = round(m["decontamination"]["dropped_tokens"] / folder.num_tokens("train"), 4)
-    for name, path in args.extras:
-        m = json.loads((path / "manifest.json").read_text())
+    extra_manifests = {name: json.loads((path / "manifest.json").read_text()) for name, path in args.extras}
+    for name, m in extra_manifests.items():
         metrics[f"quality_extra_{name}_index_tokens"] = m["num_tokens"]
     rates = {k: last_rate(run) for k, run in runs.items()}
     metrics.update({
@@ -281,7 +281,7 @@ def main() -> None:
              f"quality_ppl_reduction_<bucket>_<index>: the same on the tokens whose context matched that many tokens; "
              f"quality_share_*: those tokens' share. Why N = 32 first: see the script's docstring.")
     for name, path in args.extras:
-        m = json.loads((path / "manifest.json").read_text())
+        m = extra_manifests[name]
         d = m.get("decontamination") or {}
         against = d.get("against", m["tokens"])["path"]
         notes += (f" Extra index {name}: {path} ({m['num_tokens']:,} tokens, built from {m['tokens']['path']}, "
