@@ -163,5 +163,8 @@ setup(
         "safetensors",
         "matplotlib",
     ],
+    # cuDNN's attention for train.attention = "cudnn" / "cudnn_global" on Hopper and newer
+    # (tscale/ops/attention_cudnn.py); the version whose graph API the module was checked with
+    extras_require={"hopper": ["nvidia-cudnn-frontend>=1.32"]},
     entry_points={"console_scripts": ["tscale=tscale.cli.main:main"]},
 )

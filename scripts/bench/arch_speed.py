@@ -1,7 +1,8 @@
 """Training tokens/s of the tscale architecture against gpt2 at 124M, per torch.compile mode.
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
-                                       [--fa2] [--fa2-global] [--fused-loss] [--out-dir docs/bench]
+                                       [--attention fa2 fa2_global cudnn cudnn_global] [--fused-loss]
+                                       [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -11,15 +12,16 @@ logged after the warm-up steps (compile included in those). TOKENS should be rea
 tokenized with the GPT-2 BPE (the document boundaries decide which attention tiles the tscale
 kernel skips), e.g. the benchmark corpus of DESIGN.md.
 
---fa2 adds tscale with `train.attention = "fa2"` (torch's FlashAttention-2 over the batch's
-document runs) as a preset "tscale_fa2"; --fa2-global tscale with `train.attention = "fa2_global"` (the
-same in the global layers only) as "tscale_fa2_global"; --fused-loss tscale with `train.fused_loss = true`
+--attention ALT... adds tscale with `train.attention = "ALT"` for each ALT (fa2: torch's
+FlashAttention-2 over the batch's document runs; cudnn: cuDNN's attention over them, Hopper and
+newer; "_global": in the global layers only) as a preset "tscale_ALT" (--fa2 and --fa2-global
+are short for --attention fa2 / fa2_global); --fused-loss tscale with `train.fused_loss = true`
 (the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss".
 
 Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,
 arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
-arch_speed_ratio_<mode> = tscale / gpt2 (with --fa2 also arch_speed_ratio_fa2_<mode>, with --fa2-global
-arch_speed_ratio_fa2_global_<mode>, with --fused-loss arch_speed_ratio_fused_loss_<mode>). The headline `throughput_ratio` stays the one of the
+arch_speed_ratio_<mode> = tscale / gpt2 (with --attention ALT also arch_speed_ratio_ALT_<mode>, with
+--fused-loss arch_speed_ratio_fused_loss_<mode>). The headline `throughput_ratio` stays the one of the
 convergence runs (docs/architecture.md); this measures the same ratio without a training run
 around it, so that a change of the step (the optimizer, CUDA graphs) can be timed alone.
 """
@@ -39,10 +41,11 @@ import torch  # noqa: E402
 from tscale.config import load_config  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
+ALTERNATIVES = ("fa2", "fa2_global", "cudnn", "cudnn_global")  # train.attention's choices besides "auto"
 ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
-         "tscale_fa2": "configs/tscale-124m.toml", "tscale_fa2_global": "configs/tscale-124m.toml",
+         **{f"tscale_{alt}": "configs/tscale-124m.toml" for alt in ALTERNATIVES},
          "tscale_fused_loss": "configs/tscale-124m.toml"}
-EXTRA = {"tscale_fa2": ['train.attention="fa2"'], "tscale_fa2_global": ['train.attention="fa2_global"'],
+EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
          "tscale_fused_loss": ["train.fused_loss=true"]}
 
 
@@ -67,8 +70,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=10, help="steps before timing (compile included)")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--fa2", action="store_true", help='also tscale with train.attention = "fa2"')
-    ap.add_argument("--fa2-global", action="store_true", help='also tscale with train.attention = "fa2_global"')
+    ap.add_argument("--attention", nargs="+", default=[], choices=ALTERNATIVES,
+                    help="also tscale with each of these train.attention choices")
+    ap.add_argument("--fa2", action="store_true", help="short for --attention fa2")
+    ap.add_argument("--fa2-global", action="store_true", help="short for --attention fa2_global")
     ap.add_argument("--fused-loss", action="store_true", help="also tscale with train.fused_loss = true")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
@@ -77,7 +82,8 @@ def main() -> None:
     if not (args.tokens / "manifest.json").is_file():
         raise SystemExit(f"{args.tokens}: not a token folder (no manifest.json); make one with `tscale tokenize`")
     metrics = {}
-    chosen = {"tscale_fa2": args.fa2, "tscale_fa2_global": args.fa2_global, "tscale_fused_loss": args.fused_loss}
+    alternatives = {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
+    chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss}
     archs = [a for a in ARCHS if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_")
@@ -95,8 +101,7 @@ def main() -> None:
                 metrics[f"arch_speed_ratio_{variant}_{key}"] = round(rates[arch] / rates["gpt2"], 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
-            f"{' (also with train.attention = fa2)' if args.fa2 else ''}"
-            f"{' (also with train.attention = fa2_global)' if args.fa2_global else ''}"
+            f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''} on {args.tokens.name}, "
             f"batch {args.batch_size} x 1024, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")

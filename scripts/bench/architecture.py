@@ -192,9 +192,11 @@ def cmd_attention(args, s: Scale) -> None:
     results = Results(args.work)
     out, path = {}, None
     if args.attention != "auto":
+        from tscale.ops.attention_cudnn import cudnn_unusable_reason
         from tscale.ops.attention_fa2 import fa2_unusable_reason
 
-        why = fa2_unusable_reason(resolve_device("auto"), torch.bfloat16, 128)
+        unusable = cudnn_unusable_reason if args.attention.startswith("cudnn") else fa2_unusable_reason
+        why = unusable(resolve_device("auto"), torch.bfloat16, 128)
         if why:
             raise SystemExit(f"architecture.py attention --attention {args.attention}: {why}")
     for seq_len in s.attn_seq_lens:
@@ -259,7 +261,7 @@ def main() -> None:
     ap.add_argument("--max-ratio", type=float, help="tscale's schedule spans this fraction of B [0.5; tiny: 1.0]")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized models and budgets (plumbing check)")
     ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
-    ap.add_argument("--attention", choices=["auto", "fa2", "fa2_global"], default="auto",
+    ap.add_argument("--attention", choices=["auto", "fa2", "fa2_global", "cudnn", "cudnn_global"], default="auto",
                     help="attention: the tscale model's op, as train.attention chooses it [auto]")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="attention: also profile this many steps of each side (kernel time by name, in results.json)")

@@ -14,10 +14,11 @@ wrapped in torch.compile on CUDA, as in training; CUDA events time them, two way
             queues the step ahead of the GPU as it does in training;
   per call  (tscale_per_call_s, sdpa_per_call_s) each call's forward + backward timed alone and
             summed; each call then pays the host's dispatch of its own backward, which a step
-            hides, so this sum is the larger and noisier one. With impl "fa2" the
-model's side runs tscale.ops.attention_fa2 instead (`train.attention = "fa2"`), on the (B, T,
-H, D) layout the layer makes and over the document runs of the recorded ids, built outside the
-timing as the training loop builds them before a step.
+            hides, so this sum is the larger and noisier one.
+With impl "fa2" or "cudnn" the model's side runs tscale.ops.attention_fa2 or attention_cudnn
+instead (`train.attention = "fa2"` / "cudnn"; "_global": in the global layers only), on the (B,
+T, H, D) layout the layer makes and over the document runs of the recorded ids, built outside
+the timing as the training loop builds them before a step.
 """
 
 import logging
@@ -30,7 +31,11 @@ from torch.profiler import ProfilerActivity, profile
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
+from tscale.ops.attention_cudnn import attention_cudnn
 from tscale.ops.attention_fa2 import DocRuns, attention_fa2, runs_of_doc_ids
+
+RUNS_PATHS = {"fa2": "torch's FlashAttention-2 over the document runs (tscale.ops.attention_fa2)",
+              "cudnn": "cuDNN's attention over the document runs (tscale.ops.attention_cudnn)"}
 
 
 class _Messages(logging.Handler):
@@ -89,14 +94,12 @@ def _tscale_op(q, k, v, doc_ids, window: int, sink: bool, scale: float):
     return tscale_lm.attention(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
 
 
-def _fa2_op(q, k, v, runs, window: int, sink: bool, scale: float):
-    return attention_fa2(q, k, v, runs, window=window, sink=sink, scale=scale)  # (B, T, H, D), the layer's layout
-
-
-def _mixed_op(q, k, v, runs_or_doc_ids, window: int, sink: bool, scale: float):
-    """FlashAttention-2 for a call given document runs, the default op for one given document ids."""
+def _runs_op(q, k, v, runs_or_doc_ids, window: int, sink: bool, scale: float):
+    """Attention over document runs for a call given them (FlashAttention-2 or cuDNN by runs.backend, on the
+    (B, T, H, D) layout the layer makes), the default op for one given document ids."""
     if isinstance(runs_or_doc_ids, DocRuns):
-        return _fa2_op(q, k, v, runs_or_doc_ids, window, sink, scale)
+        over_runs = attention_cudnn if runs_or_doc_ids.backend == "cudnn" else attention_fa2
+        return over_runs(q, k, v, runs_or_doc_ids, window=window, sink=sink, scale=scale)  # (B, T, H, D)
     return _tscale_op(q, k, v, runs_or_doc_ids, window, sink, scale)
 
 
@@ -175,27 +178,23 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
                         compile_ops: bool, warmup: int = 3, impl: str = "auto", profile_steps: int = 0) -> dict:
     """Seconds of all attention (forward + backward) in one step over idx (B, T): tscale op vs causal SDPA.
 
-    impl "auto": the op the model calls by default; "fa2": tscale.ops.attention_fa2 (train.attention = "fa2");
-    "fa2_global": attention_fa2 in the global layers, the default op in the windowed ones.
-    warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed run). profile_steps > 0 also
-    profiles that many steps of each side: tscale_kernels_ms / sdpa_kernels_ms, kernel name -> ms per step.
+    impl "auto": the op the model calls by default; "fa2" / "cudnn": tscale.ops.attention_fa2 / attention_cudnn in
+    every layer (train.attention = "fa2" / "cudnn"); "fa2_global" / "cudnn_global": in the global layers, the
+    default op in the windowed ones. warmup=1, repeats=1 only compiles (fills the Inductor cache for a later timed
+    run). profile_steps > 0 also profiles that many steps of each side: tscale_kernels_ms / sdpa_kernels_ms,
+    kernel name -> ms per step.
     """
     device = idx.device
     calls = record_attention_calls(model, idx, amp_dtype)
-    if impl == "fa2":
-        said = "torch's FlashAttention-2 over the document runs (tscale.ops.attention_fa2)"
+    op = _tscale_op if impl == "auto" else _runs_op
+    said = op_path(calls[0])
+    if impl != "auto":
+        backend, windowed = impl.removesuffix("_global"), not impl.endswith("_global")
         for call in calls:  # built as the training loop builds them, outside the timing
-            call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape).to(device)
-        op = _fa2_op
-    elif impl == "fa2_global":
-        said = f"FlashAttention-2 in the global layers, {op_path(calls[0]) or 'the default op'} in the windowed ones"
-        for call in calls:
-            if not call["window"]:
-                call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape).to(device)
-        op = _mixed_op
-    else:
-        said = op_path(calls[0])
-        op = _tscale_op
+            if windowed or not call["window"]:
+                call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape, backend=backend).to(device)
+        over_runs = RUNS_PATHS[backend]
+        said = over_runs if windowed else f"{over_runs} in the global layers, {said or 'the default op'} elsewhere"
     ours = torch.compile(op, dynamic=False) if compile_ops else op
     sdpa = torch.compile(_sdpa_op, dynamic=False) if compile_ops else _sdpa_op
     per_layer = []

@@ -23,7 +23,7 @@ METRIC_TARGETS = {  # the issue's metrics: key -> (target, whether a value meets
 }
 KERNEL_KEYS = ("kernel_vs_flex_speedup", "causal_vs_sdpa_time_ratio")
 # attention measurements by the model's op ("attention", the headline) and by the train.attention alternatives
-ATTENTION_PARTS = ("attention", "attention_fa2", "attention_fa2_global")
+ATTENTION_PARTS = ("attention", "attention_fa2", "attention_fa2_global", "attention_cudnn", "attention_cudnn_global")
 
 WARMUP_STEPS_SKIPPED = 20  # log intervals of the first steps are left out of tokens/s (first-step allocations)
 
@@ -112,8 +112,8 @@ def convergence_part(results: dict) -> tuple[dict, dict]:
 
 
 def attention_part(results: dict, key: str = "attention") -> tuple[dict, dict]:
-    """Metrics and note of one attention measurement: key "attention" (the default op), "attention_fa2" or
-    "attention_fa2_global" (train.attention = "fa2" / "fa2_global"; their metrics are named <key>_*, beside the
+    """Metrics and note of one attention measurement: key "attention" (the default op) or "attention_<alt>" for
+    train.attention = "<alt>" (fa2, fa2_global, cudnn, cudnn_global; their metrics are named <key>_*, beside the
     headline's)."""
     att = results.get(key)
     if not att:
@@ -222,7 +222,7 @@ def markdown_table(metrics: dict) -> str:
             lines.append(f"| {key} | {metrics[key]} | {target} | {met} |")
         else:
             lines.append(f"| {key} | (not measured) | {target} | |")
-    extra = ("attention_time_ratio_", "attention_fa2_time_ratio_")  # other sequence lengths (--tiny), and fa2
+    extra = ("attention_time_ratio_", "attention_fa2_time_ratio_", "attention_cudnn_time_ratio_")  # --tiny's lengths
     for key in sorted(k for k in metrics if k.startswith(extra) and k not in METRIC_TARGETS):
         lines.append(f"| {key} | {metrics[key]} | | |")
     return "\n".join(lines)

@@ -7,10 +7,10 @@ a document boundary (documents end with the eos token; the eos token opens the n
 like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
 layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
 Attention goes through tscale.ops.attention, or, for training steps given the batch's document
-runs (`train.attention = "fa2"`; "fa2_global": the global layers only), through
-tscale.ops.attention_fa2. Built with an enabled IndexConfig, it also holds the token index's
-input embeddings (added before the embedding normalisation) and/or output mixture
-(tscale/model/index_adapter.py).
+runs (`train.attention = "fa2"` / "cudnn"; "fa2_global" / "cudnn_global": the global layers only),
+through tscale.ops.attention_fa2 / attention_cudnn. Built with an enabled IndexConfig, it also
+holds the token index's input embeddings (added before the embedding normalisation) and/or
+output mixture (tscale/model/index_adapter.py).
 """
 
 import torch
@@ -23,6 +23,7 @@ from tscale.model.index_adapter import check_features, embed_inputs, head_output
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
 from tscale.ops.attention import attention
+from tscale.ops.attention_cudnn import attention_cudnn
 from tscale.ops.attention_fa2 import DocRuns, attention_fa2
 
 VOCAB_MULTIPLE = 64
@@ -80,8 +81,9 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
-        if runs is not None and runs.serves(self.window):  # FlashAttention-2 over the batch's runs, (B, T, H, D)
-            y = attention_fa2(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)
+        if runs is not None and runs.serves(self.window):  # FlashAttention-2 or cuDNN over the batch's runs
+            over_runs = attention_cudnn if runs.backend == "cudnn" else attention_fa2
+            y = over_runs(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)  # (B, T, H, D)
         else:
             y = self._attend(q, k, v, doc_ids, layer, cache).transpose(1, 2)  # (B, T, H, D)
         return F.dropout(self.proj(y.reshape(B, T, H * D)), self.cfg.dropout, self.training)
@@ -179,7 +181,8 @@ class TScaleLM(nn.Module):
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
 
         runs: idx's document runs (tscale.ops.attention_fa2.doc_runs, by the model.doc_mask rule),
-        to run attention through FlashAttention-2 in the layers they serve (all, or the global ones);
+        to run attention through FlashAttention-2 or cuDNN (runs.backend) in the layers they serve (all, or
+        the global ones);
         training steps only (no cache).
 
         index: the token index's features of these positions (models built with the index need
@@ -204,7 +207,7 @@ class TScaleLM(nn.Module):
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         x = F.dropout(x, c.dropout, self.training)
         if runs is not None and cache is not None:
-            raise ValueError("document runs (FlashAttention-2) are for training steps, not cached decoding")
+            raise ValueError("document runs (FlashAttention-2, cuDNN) are for training steps, not cached decoding")
         doc_ids = None
         if c.doc_mask and (runs is None or not runs.windowed):
             starts = idx == c.eos_id  # (B, T): eos ends a document and opens the next

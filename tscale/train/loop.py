@@ -36,6 +36,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
+from tscale.ops.attention_cudnn import cudnn_unusable_reason
 from tscale.ops.attention_fa2 import DocRuns, doc_runs, fa2_unusable_reason
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
@@ -223,20 +224,22 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
             feats = feats.drop_windows(cfg.index.dropout)
         return replicas.module(x, index=feats, targets=y, **extra).mean()
 
-    fa2 = cfg.train.attention in ("fa2", "fa2_global")
-    fa2_windowed = cfg.train.attention == "fa2"
-    if fa2:
+    over_runs = cfg.train.attention != "auto"  # FlashAttention-2 or cuDNN over each batch's document runs
+    runs_backend = cfg.train.attention.removesuffix("_global")
+    runs_windowed = not cfg.train.attention.endswith("_global")
+    if over_runs:
+        unusable = cudnn_unusable_reason if runs_backend == "cudnn" else fa2_unusable_reason
         why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale"
-               else fa2_unusable_reason(device, amp_dtype or torch.float32, cfg.model.head_dim))
+               else unusable(device, amp_dtype or torch.float32, cfg.model.head_dim))
         if why:
             raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
     def batch_runs(x: torch.Tensor) -> DocRuns | None:
-        """The document runs of a host batch x (B, T) for FlashAttention-2, on the device; None without fa2."""
-        if not fa2:
+        """The document runs of a host batch x (B, T), on the device; None under train.attention = "auto"."""
+        if not over_runs:
             return None
         opens = (x == cfg.model.eos_id) if cfg.model.doc_mask else None
-        return doc_runs(opens, *x.shape, windowed=fa2_windowed).to(device, non_blocking=True)
+        return doc_runs(opens, *x.shape, windowed=runs_windowed, backend=runs_backend).to(device, non_blocking=True)
 
     mode = cfg.train.compile_mode  # "default" is torch's own default
     step_loss = torch.compile(forward_loss, mode=None if mode == "default" else mode) if cfg.train.compile else forward_loss
@@ -270,8 +273,9 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         return IndexFeatures.empty(cfg.train.batch_size, cfg.model.seq_len, cfg.index.topk, device) if features else None
 
     prime_runs = None
-    if fa2:
-        prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len, windowed=fa2_windowed).to(device)
+    if over_runs:
+        prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len, windowed=runs_windowed,
+                              backend=runs_backend).to(device)
     replicas.prime(lambda: step_loss(zeros(), zeros(), no_match(), runs=prime_runs).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
