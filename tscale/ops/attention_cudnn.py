@@ -19,13 +19,10 @@ names, so a test can stand a reference in for them on the CPU).
 """
 
 import functools
-import logging
 
 import torch
 
 from tscale.ops.attention_fa2 import DocRuns
-
-log = logging.getLogger("tscale.ops")
 
 
 def cudnn_unusable_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -94,25 +91,16 @@ class _Plan:
         g.check_support()
         g.build_plans()
         self.graph, self.tensors = g, t
-        self.names = tuple(sorted(name for name, x in t.items() if x is not None))
-        self.uids = tuple(t[name].get_uid() for name in self.names)
-        self.ordered = len(set(self.uids)) == len(self.uids)
         self.workspace_bytes = g.get_workspace_size()
 
     def run(self, device: torch.device, **tensors: torch.Tensor) -> None:
-        """Execute on the current stream: the buffers in the order of self.names (the frontend's ordered form,
-        whose metadata it caches, against a mapping rebuilt at every call)."""
+        """Execute on the current stream, the graph tensors bound by name. An eager forward + backward of one
+        layer (B 32 x T 1024, H200 machine) took 1.5 ms of host time, the frontend's ordered form with its cached
+        metadata 1.7 ms: the GPU hides it in a training step, not in a step of attention alone."""
         import cudnn
 
         cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(device).cuda_stream)
         workspace = torch.empty(max(1, self.workspace_bytes), device=device, dtype=torch.uint8)
-        if self.ordered:
-            try:
-                buffers = tuple(tensors[name] for name in self.names)
-                return self.graph.execute(buffers, workspace, handle=self.handle, tensor_uids=self.uids)
-            except (TypeError, ValueError) as e:  # a frontend without the ordered form: the mapping from now on
-                log.info("ops: cuDNN attention: the frontend's ordered execute failed (%s); using its mapping form", e)
-                self.ordered = False
         self.graph.execute({self.tensors[name]: t for name, t in tensors.items()}, workspace, handle=self.handle)
 
 
