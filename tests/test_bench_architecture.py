@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"
 import attention_cost  # noqa: E402
 import curves  # noqa: E402
 import report_architecture  # noqa: E402
+from common import write_record  # noqa: E402
 
 
 def test_crossing_interpolates_between_the_evaluations_around_the_target():
@@ -139,18 +140,21 @@ def test_fa2_global_attention_and_fa2_attention_keep_each_others_metrics(tmp_pat
 def test_report_keeps_other_scripts_paragraphs_and_the_first_parts_header(tmp_path):
     """A report of attention alone keeps the paragraphs arch_speed.py / arch_profile.py merged into the record and
     the header (date, commit, GPU, torch) of its convergence part; the attention note carries its own stamp."""
-    previous = {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11", "metrics": {"x": 1},
+    previous = {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11", "command": "python a.py",
+                "metrics": {"x": 1},
                 "notes": "[convergence] old run\n[run] how\n\narch speed (arch_speed.py): (stamp) rates\n\n"
                          "profile (arch_profile.py): (stamp) kernels"}
     (tmp_path / "architecture.json").write_text(json.dumps(previous))
     attention = _measured(0.002, "kernel", stamp="2026-02-03, H200, torch 2.11, commit bbb222")
     metrics, notes, _, header = report_architecture.build_report({"attention": attention}, tmp_path, None)
-    assert header == {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11"}
+    assert header == {"date": "2026-01-02", "commit": "aaa111", "gpu": "H200", "torch": "2.11", "command": "python a.py"}
     assert notes.endswith("\n\narch speed (arch_speed.py): (stamp) rates\n\nprofile (arch_profile.py): (stamp) kernels")
     assert "[attention] (2026-02-03, H200, torch 2.11, commit bbb222) forward + backward" in notes
     assert "[convergence] old run" in notes and metrics["x"] == 1
     _, _, _, header = report_architecture.build_report({"convergence": {}, "attention": attention}, tmp_path, None)
-    assert header is None
+    assert header == {"command": "python a.py"}  # this machine's date, commit, GPU and torch; earlier commands kept
+    record = json.loads(write_record("architecture", metrics, notes, tmp_path, header=header).read_text())
+    assert record["command"].startswith("python a.py; python ") and record["commit"] != "aaa111"
 
 
 def test_report_names_the_per_call_sums_beside_the_step_headline(tmp_path):

@@ -39,8 +39,11 @@ def write_record(name: str, metrics: dict, notes: str, out_dir: Path, header: di
     """docs/bench/NAME.json in the schema of DESIGN.md; a re-run replaces it.
 
     header: the date, commit, gpu and torch to keep (a record re-assembled from parts measured
-    earlier, whose first part was not measured now); by default this machine's and checkout's.
+    earlier, whose first part was not measured now); by default this machine's and checkout's. Its
+    "command" (the earlier parts' commands, "; "-separated) is kept, this one's appended.
     """
+    command = " ".join(["python", *sys.argv])
+    earlier = (header or {}).get("command", "").split("; ")
     record = {
         "benchmark": name,
         "date": datetime.date.today().isoformat(),
@@ -48,7 +51,7 @@ def write_record(name: str, metrics: dict, notes: str, out_dir: Path, header: di
         "gpu": gpu_name(),
         "torch": torch.__version__,
         **{k: header[k] for k in ("date", "commit", "gpu", "torch") if header and k in header},
-        "command": " ".join(["python", *sys.argv]),
+        "command": "; ".join([c for c in earlier if c and c != command] + [command]),
         "metrics": metrics,
         "notes": notes,
     }

@@ -173,7 +173,7 @@ def _previous(out_dir: Path) -> tuple[dict, dict, list[str], dict]:
             if line.startswith("[") and "]" in line:
                 tag, text = line[1:].split("]", 1)
                 notes[tag] = text.strip()
-    header = {k: record[k] for k in ("date", "commit", "gpu", "torch") if k in record}
+    header = {k: record[k] for k in ("date", "commit", "gpu", "torch", "command") if k in record}
     return record.get("metrics", {}), notes, others, header
 
 
@@ -195,7 +195,7 @@ def _owned(part: str) -> Callable[[str], bool]:
 def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str, dict | None]:
     """(metrics, notes, markdown table, header): this call's parts replace the previous record's, the rest is
     kept. header: the previous record's date, commit, gpu and torch when this call has no convergence part
-    (the record's first), else None (this machine's)."""
+    (the record's first; else this machine's are used), and always its command, which the record keeps."""
     metrics, notes, others, header = _previous(out_dir)
     parts = [("convergence", convergence_part(results)), *((p, attention_part(results, p)) for p in ATTENTION_PARTS),
              ("kernel", kernel_part(out_dir))]
@@ -210,7 +210,7 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str, d
                     "docs/bench/ablation.json); protocol in docs/architecture.md.")
     order = ["convergence", "throughput", *ATTENTION_PARTS, "kernel", "run"]
     text = "\n".join(f"[{tag}] {notes[tag]}" for tag in order + sorted(set(notes) - set(order)) if tag in notes)
-    keep_header = header if header and "convergence" not in results else None
+    keep_header = header if header and "convergence" not in results else {"command": header.get("command", "")}
     return metrics, "\n\n".join([text, *others]), markdown_table(metrics), keep_header
 
 
