@@ -126,7 +126,8 @@ class TrainConfig(_Section):
     # the training steps' attention (tscale architecture): "auto" is tscale.ops.attention's choice (the fused
     # kernel on a GPU); "fa2" is torch's FlashAttention-2 over the batch's document runs (tscale/ops/attention_fa2.py);
     # "fa2_global" FlashAttention-2 in the global layers only, the windowed ones keeping "auto"'s choice;
-    # "cudnn" / "cudnn_global" the same with cuDNN's attention (Hopper and newer, tscale/ops/attention_cudnn.py)
+    # "cudnn" / "cudnn_global" the same with cuDNN's attention (Hopper and newer, tscale/ops/attention_cudnn.py;
+    # measured faster than the kernel in the global layers, not in the windowed ones: docs/BENCHMARKS.md)
     attention: Literal["auto", "fa2", "fa2_global", "cudnn", "cudnn_global"] = "auto"
     # the step's loss straight from the head's input, a chunk of tokens of logits at a time, none of them kept
     # (tscale/ops/fused_loss.py): less memory; models without the token index; the head must stay a plain layer

@@ -11,8 +11,8 @@ runs cuDNN's wgmma kernels. The mask maps onto it as:
   causal     the diagonal band's right bound 0;
   window     its left bound = window (a query sees itself and the window - 1 keys before it);
   sink       y = o * sigmoid(lse) forward, and the backward run with s * dy and y in place of o,
-             as for FlashAttention-2 (docs/architecture.md): cuDNN's own sink token needs a
-             cuDNN newer than 9.26 with ragged batches.
+             as for FlashAttention-2 (docs/architecture.md): cuDNN's own sink token needs
+             cuDNN 9.26 or newer with ragged batches (torch 2.11 ships 9.19).
 The graphs are built once per problem (sequence count, length, heads, head dim, window, scale,
 direction) and kept. `cudnn_forward` / `cudnn_backward` are the custom ops' doors (module-level
 names, so a test can stand a reference in for them on the CPU).
