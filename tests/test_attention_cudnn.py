@@ -14,7 +14,7 @@ from tscale.ops import attention_cudnn
 from tscale.ops.attention import attention_reference
 from tscale.ops.attention_fa2 import doc_runs
 
-from test_attention_fa2 import _losses, _tiny_tscale_args
+from test_attention_fa2 import _tiny_tscale_args, _train_each
 
 
 def _runs_of_tokens(cu: list[int], tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,12 +116,7 @@ def test_training_through_cudnn_follows_the_default_attention(monkeypatch, tmp_p
     monkeypatch.setattr(attention_cudnn, "cudnn_forward", counted_forward)
     monkeypatch.setattr(attention_cudnn, "cudnn_backward", _fake_backward)
     monkeypatch.setattr(loop, "cudnn_unusable_reason", lambda *a: None)
-    curves, served = {}, {}
-    for impl in ("auto", "cudnn", "cudnn_global"):
-        windows.clear()
-        cfg = load_config(None, [*args, f'train.attention="{impl}"', 'train.device="cpu"'])
-        train_run(cfg, tmp_path / impl, quiet=True)
-        curves[impl], served[impl] = _losses(tmp_path / impl), set(windows)
+    curves, served = _train_each([*args, 'train.device="cpu"'], tmp_path, ("auto", "cudnn", "cudnn_global"), windows)
     assert len(curves["cudnn"]) == 4
     assert served == {"auto": set(), "cudnn": {0, 8}, "cudnn_global": {0}}  # model.window = 8, one global layer
     torch.testing.assert_close(curves["cudnn"], curves["auto"], rtol=1e-4, atol=0)
@@ -150,13 +145,7 @@ def test_cuda_cudnn_matches_the_reference(window, docs, sink, T, D):
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_cuda_training_through_cudnn_follows_the_kernel(tmp_path, shakespeare_jsonl, mode):
     _cuda_cudnn_or_skip()
-    from tscale.config import load_config
-    from tscale.train.loop import train_run
-
     args = [*_tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
-    curves = {}
-    for impl in ("auto", "cudnn", "cudnn_global"):
-        train_run(load_config(None, [*args, f'train.attention="{impl}"']), tmp_path / impl, quiet=True)
-        curves[impl] = _losses(tmp_path / impl)
+    curves, _ = _train_each(args, tmp_path, ("auto", "cudnn", "cudnn_global"))
     torch.testing.assert_close(curves["cudnn"], curves["auto"], rtol=2e-2, atol=0)  # bf16, two kernels
     torch.testing.assert_close(curves["cudnn_global"], curves["auto"], rtol=2e-2, atol=0)

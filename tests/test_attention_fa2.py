@@ -128,17 +128,26 @@ def _losses(run) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_cuda_training_through_fa2_follows_the_kernel(tmp_path, shakespeare_jsonl, mode):
+def _train_each(args: list[str], tmp_path, impls, seen: list | None = None) -> tuple[dict, dict]:
+    """Train the tiny model once per train.attention choice: (losses by choice, set(seen) after each run by choice),
+    `seen` being a list the test's stand-in appends to (emptied before each run)."""
     from tscale.config import load_config
     from tscale.train.loop import train_run
 
-    args = [*_tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
-    curves = {}
-    for impl in ("auto", "fa2", "fa2_global"):
+    seen = [] if seen is None else seen
+    curves, served = {}, {}
+    for impl in impls:
+        seen.clear()
         train_run(load_config(None, [*args, f'train.attention="{impl}"']), tmp_path / impl, quiet=True)
-        curves[impl] = _losses(tmp_path / impl)
+        curves[impl], served[impl] = _losses(tmp_path / impl), set(seen)
+    return curves, served
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_training_through_fa2_follows_the_kernel(tmp_path, shakespeare_jsonl, mode):
+    args = [*_tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
+    curves, _ = _train_each(args, tmp_path, ("auto", "fa2", "fa2_global"))
     torch.testing.assert_close(curves["fa2"], curves["auto"], rtol=2e-2, atol=0)  # bf16, two kernels
     torch.testing.assert_close(curves["fa2_global"], curves["auto"], rtol=2e-2, atol=0)
 
@@ -166,12 +175,7 @@ def test_training_through_fa2_follows_the_default_attention(monkeypatch, tmp_pat
     monkeypatch.setattr(attention_fa2, "flash_forward", counted_forward)
     monkeypatch.setattr(attention_fa2, "flash_backward", _fake_backward)
     monkeypatch.setattr(loop, "fa2_unusable_reason", lambda *a: None)
-    curves, served = {}, {}
-    for impl in ("auto", "fa2", "fa2_global"):
-        lefts.clear()
-        cfg = load_config(None, [*args, f'train.attention="{impl}"', 'train.device="cpu"'])
-        train_run(cfg, tmp_path / impl, quiet=True)
-        curves[impl], served[impl] = _losses(tmp_path / impl), set(lefts)
+    curves, served = _train_each([*args, 'train.device="cpu"'], tmp_path, ("auto", "fa2", "fa2_global"), lefts)
     assert len(curves["fa2"]) == 4
     assert served == {"auto": set(), "fa2": {-1, 7}, "fa2_global": {-1}}  # model.window = 8, one global layer
     torch.testing.assert_close(curves["fa2"], curves["auto"], rtol=1e-4, atol=0)
