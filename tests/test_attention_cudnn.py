@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from tscale.ops import attention_cudnn
-from tscale.ops.attention import attention_reference
-from tscale.ops.attention_fa2 import doc_runs
 
+from test_attention_fa2 import _compare as compare
 from test_attention_fa2 import _tiny_tscale_args, _train_each
 
 
@@ -58,20 +57,10 @@ def _fake_backward(g, q, k, v, o, stats, cu, max_len, window, scale):
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
 
 
-def _compare(window, docs, sink, device="cpu", dtype=torch.float64, tol=1e-5, B=2, H=3, T=12, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(B, T, H, D, generator=g, dtype=torch.float64) for _ in range(4))
-    opens = torch.rand(B, T, generator=g) < 4 / T if docs else None
-    runs = doc_runs(opens, B, T, bucket=4, backend="cudnn").to(device)
-    leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
-    out = attention_cudnn.attention_cudnn(*leaves, runs, window=window, sink=sink, scale=D ** -0.5)  # (B, T, H, D)
-    got = (out, *torch.autograd.grad(out, leaves, do.to(device, dtype)))
-    ref_leaves = [t.transpose(1, 2).clone().requires_grad_() for t in (q, k, v)]  # (B, H, T, D)
-    doc_ids = opens.long().cumsum(1) if docs else None
-    ref = attention_reference(*ref_leaves, window=window, doc_ids=doc_ids, sink=sink, scale=D ** -0.5)
-    want = (ref, *torch.autograd.grad(ref, ref_leaves, do.transpose(1, 2)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
-        torch.testing.assert_close(a.cpu().double(), b.transpose(1, 2).double(), rtol=tol, atol=tol, msg=name)
+def _compare(window, docs, sink, **kw):
+    """attention_cudnn against the reference (test_attention_fa2's comparison), documents at 4 per row."""
+    T = kw.get("T", 12)
+    compare(window, docs, sink, over_runs=attention_cudnn.attention_cudnn, backend="cudnn", doc_rate=4 / T, **kw)
 
 
 @pytest.mark.parametrize("window,docs,sink", [(0, False, False), (5, True, True), (0, True, True), (3, False, True)])

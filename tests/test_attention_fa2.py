@@ -52,21 +52,24 @@ def _fake_backward(g, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout, caus
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
 
 
-def _compare(window, docs, sink, device="cpu", dtype=torch.float64, tol=1e-5):
-    g = torch.Generator().manual_seed(0)
-    B, H, T, D = 2, 3, 12, 8
+def _compare(window, docs, sink, device="cpu", dtype=torch.float64, tol=1e-5, over_runs=None, backend="fa2",
+             B=2, H=3, T=12, D=8, doc_rate=0.25, seed=0):
+    """over_runs (attention_fa2 by default, its runs built for `backend`) against attention_reference on random
+    q, k, v (B, T, H, D) and documents opening at `doc_rate` per token: output and gradients."""
+    over_runs = over_runs or attention_fa2.attention_fa2
+    g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, T, H, D, generator=g, dtype=torch.float64) for _ in range(4))
-    opens = torch.rand(B, T, generator=g) < 0.25 if docs else None
-    runs = attention_fa2.doc_runs(opens, B, T, bucket=4).to(device)
+    opens = torch.rand(B, T, generator=g) < doc_rate if docs else None
+    runs = attention_fa2.doc_runs(opens, B, T, bucket=4, backend=backend).to(device)
     leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
-    out = attention_fa2.attention_fa2(*leaves, runs, window=window, sink=sink, scale=D ** -0.5)  # (B, T, H, D)
+    out = over_runs(*leaves, runs, window=window, sink=sink, scale=D ** -0.5)  # (B, T, H, D)
     got = (out, *torch.autograd.grad(out, leaves, do.to(device, dtype)))
     ref_leaves = [t.transpose(1, 2).clone().requires_grad_() for t in (q, k, v)]  # (B, H, T, D)
     doc_ids = opens.long().cumsum(1) if docs else None
     ref = attention_reference(*ref_leaves, window=window, doc_ids=doc_ids, sink=sink, scale=D ** -0.5)
     want = (ref, *torch.autograd.grad(ref, ref_leaves, do.transpose(1, 2)))
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a.cpu().double(), b.transpose(1, 2).double(), rtol=tol, atol=tol)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a.cpu().double(), b.transpose(1, 2).double(), rtol=tol, atol=tol, msg=name)
 
 
 @pytest.mark.parametrize("window,docs,sink", [(0, False, False), (5, True, True), (0, True, True), (3, False, True)])
