@@ -127,7 +127,8 @@ class TrainConfig(_Section):
     # kernel on a GPU); "fa2" is torch's FlashAttention-2 over the batch's document runs (tscale/ops/attention_fa2.py);
     # "fa2_global" FlashAttention-2 in the global layers only, the windowed ones keeping "auto"'s choice;
     # "cudnn" / "cudnn_global" the same with cuDNN's attention (Hopper and newer, tscale/ops/attention_cudnn.py;
-    # measured faster than the kernel in the global layers, not in the windowed ones: docs/BENCHMARKS.md)
+    # its kernels are faster than the fused kernel's in every layer, but each call costs the host ~1.25 ms, which
+    # a training step hides for the 3 global layers of the 124M preset: docs/BENCHMARKS.md)
     attention: Literal["auto", "fa2", "fa2_global", "cudnn", "cudnn_global"] = "auto"
     # the step's loss straight from the head's input, a chunk of tokens of logits at a time, none of them kept
     # (tscale/ops/fused_loss.py): less memory; models without the token index; the head must stay a plain layer
