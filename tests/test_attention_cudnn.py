@@ -79,6 +79,18 @@ def test_tokens_lse_reads_each_token_from_its_run_and_position():
     torch.testing.assert_close(got, want)
 
 
+def test_the_run_says_which_layers_take_which_attention():
+    from tscale.config import load_config
+    from tscale.train.loop import _attention_note
+
+    def note(choice: str) -> str:
+        return _attention_note(load_config(None, ['model.arch="tscale"', f'train.attention="{choice}"']))
+
+    assert note("auto") == ""
+    assert "the global layers: cuDNN's attention" in note("cudnn_global")
+    assert "every layer: torch's FlashAttention-2" in note("fa2")
+
+
 def test_unusable_reason_names_what_is_missing():
     assert "CUDA" in attention_cudnn.cudnn_unusable_reason(torch.device("cpu"), torch.bfloat16, 128)
 

@@ -264,7 +264,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     progress = ProgressLine(cfg.train.steps, step, quiet=quiet)
     progress.note(f"training {cfg.model.arch}: {sum(p.numel() for p in model.parameters()):,} parameters "
                   f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
-                  f"steps {step}..{cfg.train.steps}{replicas.describe()}; ops: {ops_backend()}{_index_note(cfg)}")
+                  f"steps {step}..{cfg.train.steps}{replicas.describe()}; ops: {ops_backend()}{_attention_note(cfg)}"
+                  f"{_index_note(cfg)}")
 
     def zeros() -> torch.Tensor:
         return torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
@@ -354,6 +355,15 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     metrics.close()
     return TrainResult(step=step, last_loss=last_loss, val_loss=val_loss, checkpoint=last_ckpt,
                        stopped_early=stopped_early, rank=env.rank)
+
+
+def _attention_note(cfg: RunConfig) -> str:
+    """What train.attention puts in place of the default attention, for the run's first line ("" for "auto")."""
+    if cfg.train.attention == "auto":
+        return ""
+    over = {"fa2": "torch's FlashAttention-2", "cudnn": "cuDNN's attention"}[cfg.train.attention.removesuffix("_global")]
+    where = "the global layers" if cfg.train.attention.endswith("_global") else "every layer"
+    return f"; attention in {where}: {over} over the batch's document runs (train.attention = {cfg.train.attention})"
 
 
 def _index_note(cfg: RunConfig) -> str:
