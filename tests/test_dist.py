@@ -186,3 +186,19 @@ def test_onebit_adam_tracks_fp32_with_a_gpt2_vocabulary(gpt2_vocab_runs):
         assert abs(b - a) / a < 0.03, (name, a, b)
         ratio = [r["comm_bytes"] / r["comm_bytes_fp32"] for r in records(gpt2_vocab_runs[name]) if r["step"] > BV_WARMUP]
         assert max(ratio) < 1 / 25
+
+
+@pytest.mark.parametrize("n,world,chunk", [(10_000, 4, 64), (6_199_600, 4, 2048), (999, 3, 8)])
+def test_link_probe_sends_what_the_exchange_sends(n, world, chunk):
+    """onebit_link_probe.py's message per rank and bucket is the exchange's: padded, signs and scales."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
+    from onebit_link_probe import slice_bytes
+
+    from tscale.dist.onebit import GradExchange, _packed_bytes
+    from tscale.ops import pack_signs_feedback_add_
+
+    state = object.__new__(GradExchange)  # padded() needs only the world and the chunk
+    state.world, state.chunk = world, chunk
+    worker = torch.zeros(state.padded(n))  # (n_pad,)
+    bits, scales = pack_signs_feedback_add_(worker, torch.randn(n), chunk)
+    assert slice_bytes(2 * n, 2, world, chunk) == _packed_bytes(bits, scales, world).shape[1]

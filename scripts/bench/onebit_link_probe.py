@@ -2,9 +2,10 @@
 
 One process per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment, as
 sync_1bit.py's launch sets them), Gloo. Each step sends what the two-phase exchange of
-tscale/dist/onebit.py sends for `--params` gradients in `--buckets` buckets: per bucket an
-all-to-all of the packed signs (params / buckets / 8 bytes), then an all-gather of this rank's
-packed slice on a second group. Rank 0 prints each step's seconds and the median. In the
+tscale/dist/onebit.py sends for `--params` gradients in `--buckets` buckets: per bucket, padded
+to a multiple of world x `--chunk` values, an all-to-all of the packed signs and scales (each
+rank's slice of S values: S / 8 bytes of signs and 4 S / chunk of scales), then an all-gather of
+this rank's packed slice on a second group. Rank 0 prints each step's seconds and the median. In the
 namespaces of scripts/bench/netns_1gbit.sh (4 hosts, 1 Gbit/s):
 
     scripts/bench/netns_1gbit.sh up 4
@@ -22,16 +23,25 @@ import torch
 import torch.distributed as dist
 
 
+def slice_bytes(params: int, buckets: int, world: int, chunk: int) -> int:
+    """Bytes of one rank's packed slice of one bucket, as the exchange sends it (GradExchange.padded, _packed_bytes)."""
+    n = -(-params // buckets)
+    unit = world * chunk
+    S = -(-n // unit) * unit // world
+    return S // 8 + 4 * (S // chunk)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, default=49_596_800, help="gradients exchanged per step")
     ap.add_argument("--buckets", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--chunk", type=int, default=2048, help="values per scale (dist.chunk)")
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     world, rank = dist.get_world_size(), dist.get_rank()
     gather_group = dist.new_group(backend="gloo")
-    part = -(-args.params // args.buckets // 8 // world)  # bytes of one rank's slice of one bucket, packed
+    part = slice_bytes(args.params, args.buckets, world, args.chunk)
     times = []
     for step in range(args.steps):
         dist.barrier()
