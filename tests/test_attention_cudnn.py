@@ -10,10 +10,8 @@ scaling and backward substitution are checked on the CPU; the GPU tests run cuDN
 import pytest
 import torch
 
+from helpers_attention import compare_over_runs, tiny_tscale_args, train_each
 from tscale.ops import attention_cudnn
-
-from test_attention_fa2 import _compare as compare
-from test_attention_fa2 import _tiny_tscale_args, _train_each
 
 
 def _runs_of_tokens(cu: list[int], tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,9 +56,9 @@ def _fake_backward(g, q, k, v, o, stats, cu, max_len, window, scale):
 
 
 def _compare(window, docs, sink, **kw):
-    """attention_cudnn against the reference (test_attention_fa2's comparison), documents at 4 per row."""
+    """attention_cudnn against the reference (helpers_attention's comparison), documents at 4 per row."""
     T = kw.get("T", 12)
-    compare(window, docs, sink, over_runs=attention_cudnn.attention_cudnn, backend="cudnn", doc_rate=4 / T, **kw)
+    compare_over_runs(window, docs, sink, over_runs=attention_cudnn.attention_cudnn, backend="cudnn", doc_rate=4 / T, **kw)
 
 
 @pytest.mark.parametrize("window,docs,sink", [(0, False, False), (5, True, True), (0, True, True), (3, False, True)])
@@ -104,7 +102,7 @@ def test_training_through_cudnn_follows_the_default_attention(monkeypatch, tmp_p
     from tscale.train import loop
     from tscale.train.loop import train_run
 
-    args = _tiny_tscale_args(tmp_path, shakespeare_jsonl)
+    args = tiny_tscale_args(tmp_path, shakespeare_jsonl)
     with pytest.raises(UserError, match="needs a CUDA GPU"):
         train_run(load_config(None, [*args, 'train.attention="cudnn"', 'train.device="cpu"']), tmp_path / "refused",
                   quiet=True)
@@ -117,7 +115,7 @@ def test_training_through_cudnn_follows_the_default_attention(monkeypatch, tmp_p
     monkeypatch.setattr(attention_cudnn, "cudnn_forward", counted_forward)
     monkeypatch.setattr(attention_cudnn, "cudnn_backward", _fake_backward)
     monkeypatch.setattr(loop, "cudnn_unusable_reason", lambda *a: None)
-    curves, served = _train_each([*args, 'train.device="cpu"'], tmp_path, ("auto", "cudnn", "cudnn_global"), windows)
+    curves, served = train_each([*args, 'train.device="cpu"'], tmp_path, ("auto", "cudnn", "cudnn_global"), windows)
     assert len(curves["cudnn"]) == 4
     assert served == {"auto": set(), "cudnn": {0, 8}, "cudnn_global": {0}}  # model.window = 8, one global layer
     torch.testing.assert_close(curves["cudnn"], curves["auto"], rtol=1e-4, atol=0)
@@ -146,7 +144,7 @@ def test_cuda_cudnn_matches_the_reference(window, docs, sink, T, D):
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_cuda_training_through_cudnn_follows_the_kernel(tmp_path, shakespeare_jsonl, mode):
     _cuda_cudnn_or_skip()
-    args = [*_tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
-    curves, _ = _train_each(args, tmp_path, ("auto", "cudnn", "cudnn_global"))
+    args = [*tiny_tscale_args(tmp_path, shakespeare_jsonl), "train.compile=true", f'train.compile_mode="{mode}"']
+    curves, _ = train_each(args, tmp_path, ("auto", "cudnn", "cudnn_global"))
     torch.testing.assert_close(curves["cudnn"], curves["auto"], rtol=2e-2, atol=0)  # bf16, two kernels
     torch.testing.assert_close(curves["cudnn_global"], curves["auto"], rtol=2e-2, atol=0)
