@@ -10,7 +10,7 @@ scaling and backward substitution are checked on the CPU; the GPU tests run cuDN
 import pytest
 import torch
 
-from helpers_attention import compare_over_runs, tiny_tscale_args, train_each
+from helpers_attention_runs import compare_over_runs, tiny_tscale_args, train_each
 from tscale.ops import attention_cudnn
 
 
@@ -56,7 +56,7 @@ def _fake_backward(g, q, k, v, o, stats, cu, max_len, window, scale):
 
 
 def _compare(window, docs, sink, **kw):
-    """attention_cudnn against the reference (helpers_attention's comparison), documents at 4 per row."""
+    """attention_cudnn against the reference (helpers_attention_runs' comparison), documents at 4 per row."""
     T = kw.get("T", 12)
     compare_over_runs(window, docs, sink, over_runs=attention_cudnn.attention_cudnn, backend="cudnn", doc_rate=4 / T, **kw)
 

@@ -10,7 +10,7 @@ the real ops.
 import pytest
 import torch
 
-from helpers_attention import compare_over_runs, tiny_tscale_args, train_each
+from helpers_attention_runs import compare_over_runs, tiny_tscale_args, train_each
 from tscale.ops import attention_fa2
 
 
