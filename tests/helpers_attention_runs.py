@@ -1,6 +1,6 @@
-"""Shared by the attention-path tests (tests/test_attention_fa2.py, tests/test_attention_cudnn.py): the comparison
-of an attention over document runs with attention_reference, and a tiny tscale model trained once per
-train.attention choice."""
+"""Shared by the attention-path tests (tests/test_attention_fa2.py, tests/test_attention_cudnn.py,
+tests/test_bench_architecture.py): the comparison of an attention over document runs with attention_reference,
+a tiny tscale model trained once per train.attention choice, and the inputs of the step benchmark's tests."""
 
 import torch
 
@@ -64,3 +64,17 @@ def train_each(args: list[str], tmp_path, impls, seen: list | None = None) -> tu
         train_run(load_config(None, [*args, f'train.attention="{impl}"']), tmp_path / impl, quiet=True)
         curves[impl], served[impl] = losses(tmp_path / impl), set(seen)
     return curves, served
+
+
+def tiny_step_benchmark_inputs() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A 2-layer tscale model (one windowed layer of 8, one global) and a batch idx (2, 32) for attention_step_cost."""
+    from tscale.config import load_config
+    from tscale.model import build_model
+
+    cfg = load_config(None, ['model.arch="tscale"', "model.n_layer=2", "model.n_head=2", "model.d_model=32",
+                             "model.head_dim=16", "model.seq_len=32", "model.window=8", "model.global_every=2",
+                             "model.vocab_size=64", "model.eos_id=5"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    idx = torch.randint(0, 64, (2, 32))
+    return model, idx

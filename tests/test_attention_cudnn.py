@@ -10,8 +10,8 @@ scaling and backward substitution are checked on the CPU; the GPU tests run cuDN
 import pytest
 import torch
 
-from helpers_attention_runs import compare_over_runs, tiny_tscale_args, train_each
-from tscale.ops import attention_cudnn
+from helpers_attention_runs import compare_over_runs, tiny_step_benchmark_inputs, tiny_tscale_args, train_each
+from tscale.ops import attention_cudnn, attention_runs
 
 
 def _runs_of_tokens(cu: list[int], tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +99,6 @@ def test_training_through_cudnn_follows_the_default_attention(monkeypatch, tmp_p
     is refused where it cannot run."""
     from tscale.config import load_config
     from tscale.errors import UserError
-    from tscale.train import loop
     from tscale.train.loop import train_run
 
     args = tiny_tscale_args(tmp_path, shakespeare_jsonl)
@@ -114,7 +113,7 @@ def test_training_through_cudnn_follows_the_default_attention(monkeypatch, tmp_p
 
     monkeypatch.setattr(attention_cudnn, "cudnn_forward", counted_forward)
     monkeypatch.setattr(attention_cudnn, "cudnn_backward", _fake_backward)
-    monkeypatch.setattr(loop, "cudnn_unusable_reason", lambda *a: None)
+    monkeypatch.setitem(attention_runs.UNUSABLE, "cudnn", lambda *a: None)
     curves, served = train_each([*args, 'train.device="cpu"'], tmp_path, ("auto", "cudnn", "cudnn_global"), windows)
     assert len(curves["cudnn"]) == 4
     assert served == {"auto": set(), "cudnn": {0, 8}, "cudnn_global": {0}}  # model.window = 8, one global layer
@@ -148,3 +147,29 @@ def test_cuda_training_through_cudnn_follows_the_kernel(tmp_path, shakespeare_js
     curves, _ = train_each(args, tmp_path, ("auto", "cudnn", "cudnn_global"))
     torch.testing.assert_close(curves["cudnn"], curves["auto"], rtol=2e-2, atol=0)  # bf16, two kernels
     torch.testing.assert_close(curves["cudnn_global"], curves["auto"], rtol=2e-2, atol=0)
+
+
+def test_step_benchmark_times_cudnn_in_the_layers_it_serves(monkeypatch):
+    """attention_cost.attention_step_cost(impl="cudnn" / "cudnn_global") with the stand-in: the path it reports and
+    the layers whose calls go through cuDNN (every one, or the global one only)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
+    import attention_cost
+
+    windows = []
+
+    def counted_forward(q, k, v, cu, max_len, window, scale):
+        windows.append(window)
+        return _fake_forward(q, k, v, cu, max_len, window, scale)
+
+    monkeypatch.setattr(attention_cudnn, "cudnn_forward", counted_forward)
+    monkeypatch.setattr(attention_cudnn, "cudnn_backward", _fake_backward)
+    model, idx = tiny_step_benchmark_inputs()
+    for impl, served in (("cudnn", {0, 8}), ("cudnn_global", {0})):
+        windows.clear()
+        cost = attention_cost.attention_step_cost(model, idx, None, repeats=1, compile_ops=False, warmup=1, impl=impl)
+        assert cost["path"].startswith("cuDNN's attention over the document runs") and cost["tscale_s"] > 0
+        assert ("in the global layers" in cost["path"]) == (impl == "cudnn_global")
+        assert set(windows) == served

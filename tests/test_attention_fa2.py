@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers_attention_runs import compare_over_runs, tiny_tscale_args, train_each
-from tscale.ops import attention_fa2
+from tscale.ops import attention_fa2, attention_runs
 
 
 def _visible(cu, max_len, left, T_total):
@@ -104,7 +104,6 @@ def test_training_through_fa2_follows_the_default_attention(monkeypatch, tmp_pat
     the model's eos, so that every window holds many documents."""
     from tscale.config import load_config
     from tscale.errors import UserError
-    from tscale.train import loop
     from tscale.train.loop import train_run
 
     args = tiny_tscale_args(tmp_path, shakespeare_jsonl)
@@ -119,7 +118,7 @@ def test_training_through_fa2_follows_the_default_attention(monkeypatch, tmp_pat
 
     monkeypatch.setattr(attention_fa2, "flash_forward", counted_forward)
     monkeypatch.setattr(attention_fa2, "flash_backward", _fake_backward)
-    monkeypatch.setattr(loop, "fa2_unusable_reason", lambda *a: None)
+    monkeypatch.setitem(attention_runs.UNUSABLE, "fa2", lambda *a: None)
     curves, served = train_each([*args, 'train.device="cpu"'], tmp_path, ("auto", "fa2", "fa2_global"), lefts)
     assert len(curves["fa2"]) == 4
     assert served == {"auto": set(), "fa2": {-1, 7}, "fa2_global": {-1}}  # model.window = 8, one global layer

@@ -12,6 +12,7 @@ import attention_cost  # noqa: E402
 import curves  # noqa: E402
 import report_architecture  # noqa: E402
 from common import write_record  # noqa: E402
+from helpers_attention_runs import tiny_step_benchmark_inputs  # noqa: E402
 
 
 def test_crossing_interpolates_between_the_evaluations_around_the_target():
@@ -196,15 +197,7 @@ def test_step_timing_runs_every_forward_then_one_backward_through_all(monkeypatc
 def test_step_cost_profiles_the_kernels_of_each_side_when_asked():
     """attention_step_cost(profile_steps=N): per side, the time of each op or kernel a profiled step runs (on the CPU
     the ops' own time), beside the timings; without it, no profile."""
-    from tscale.config import load_config
-    from tscale.model import build_model
-
-    cfg = load_config(None, ['model.arch="tscale"', "model.n_layer=2", "model.n_head=2", "model.d_model=32",
-                             "model.head_dim=16", "model.seq_len=32", "model.window=8", "model.global_every=2",
-                             "model.vocab_size=64", "model.eos_id=5"])
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    idx = torch.randint(0, 64, (2, 32))
+    model, idx = tiny_step_benchmark_inputs()
     cost = attention_cost.attention_step_cost(model, idx, None, repeats=1, compile_ops=False, warmup=1, profile_steps=2)
     for side in ("tscale", "sdpa"):
         times = cost[f"{side}_kernels_ms"]

@@ -192,11 +192,9 @@ def cmd_attention(args, s: Scale) -> None:
     results = Results(args.work)
     out, path = {}, None
     if args.attention != "auto":
-        from tscale.ops.attention_cudnn import cudnn_unusable_reason
-        from tscale.ops.attention_fa2 import fa2_unusable_reason
+        from tscale.ops.attention_runs import parse_choice, unusable_reason
 
-        unusable = cudnn_unusable_reason if args.attention.startswith("cudnn") else fa2_unusable_reason
-        why = unusable(resolve_device("auto"), torch.bfloat16, 128)
+        why = unusable_reason(parse_choice(args.attention)[0], resolve_device("auto"), torch.bfloat16, 128)
         if why:
             raise SystemExit(f"architecture.py attention --attention {args.attention}: {why}")
     for seq_len in s.attn_seq_lens:

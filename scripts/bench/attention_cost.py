@@ -31,11 +31,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
-from tscale.ops.attention_cudnn import attention_cudnn
-from tscale.ops.attention_fa2 import DocRuns, attention_fa2, runs_of_doc_ids
-
-RUNS_PATHS = {"fa2": "torch's FlashAttention-2 over the document runs (tscale.ops.attention_fa2)",
-              "cudnn": "cuDNN's attention over the document runs (tscale.ops.attention_cudnn)"}
+from tscale.ops.attention_fa2 import DocRuns, runs_of_doc_ids
+from tscale.ops.attention_runs import DESCRIBED, attention_over_runs, parse_choice
 
 
 class _Messages(logging.Handler):
@@ -98,8 +95,7 @@ def _runs_op(q, k, v, runs_or_doc_ids, window: int, sink: bool, scale: float):
     """Attention over document runs for a call given them (FlashAttention-2 or cuDNN by runs.backend, on the
     (B, T, H, D) layout the layer makes), the default op for one given document ids."""
     if isinstance(runs_or_doc_ids, DocRuns):
-        over_runs = attention_cudnn if runs_or_doc_ids.backend == "cudnn" else attention_fa2
-        return over_runs(q, k, v, runs_or_doc_ids, window=window, sink=sink, scale=scale)  # (B, T, H, D)
+        return attention_over_runs(q, k, v, runs_or_doc_ids, window=window, sink=sink, scale=scale)  # (B, T, H, D)
     return _tscale_op(q, k, v, runs_or_doc_ids, window, sink, scale)
 
 
@@ -187,14 +183,16 @@ def attention_step_cost(model: torch.nn.Module, idx: torch.Tensor, amp_dtype, re
     device = idx.device
     calls = record_attention_calls(model, idx, amp_dtype)
     op = _tscale_op if impl == "auto" else _runs_op
-    said = op_path(calls[0])
-    if impl != "auto":
-        backend, windowed = impl.removesuffix("_global"), not impl.endswith("_global")
+    if impl == "auto":
+        said = op_path(calls[0])
+    else:
+        backend, windowed = parse_choice(impl)
         for call in calls:  # built as the training loop builds them, outside the timing
             if windowed or not call["window"]:
                 call["runs"] = runs_of_doc_ids(call["doc_ids"], *idx.shape, backend=backend).to(device)
-        over_runs = RUNS_PATHS[backend]
-        said = over_runs if windowed else f"{over_runs} in the global layers, {said or 'the default op'} elsewhere"
+        said = f"{DESCRIBED[backend]} over the document runs (tscale.ops.attention_runs)"
+        if not windowed:
+            said += f" in the global layers, {op_path(calls[0]) or 'the default op'} elsewhere"
     ours = torch.compile(op, dynamic=False) if compile_ops else op
     sdpa = torch.compile(_sdpa_op, dynamic=False) if compile_ops else _sdpa_op
     per_layer = []

@@ -8,7 +8,7 @@ like a BOS), and hybrid attention: most layers see a sliding window, every `glob
 layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
 Attention goes through tscale.ops.attention, or, for training steps given the batch's document
 runs (`train.attention = "fa2"` / "cudnn"; "fa2_global" / "cudnn_global": the global layers only),
-through tscale.ops.attention_fa2 / attention_cudnn. Built with an enabled IndexConfig, it also
+through tscale.ops.attention_runs (FlashAttention-2 / cuDNN). Built with an enabled IndexConfig, it also
 holds the token index's input embeddings (added before the embedding normalisation) and/or
 output mixture (tscale/model/index_adapter.py).
 """
@@ -23,8 +23,8 @@ from tscale.model.index_adapter import check_features, embed_inputs, head_output
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
 from tscale.ops.attention import attention
-from tscale.ops.attention_cudnn import attention_cudnn
-from tscale.ops.attention_fa2 import DocRuns, attention_fa2
+from tscale.ops.attention_fa2 import DocRuns
+from tscale.ops.attention_runs import attention_over_runs
 
 VOCAB_MULTIPLE = 64
 
@@ -82,8 +82,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
         if runs is not None and runs.serves(self.window):  # FlashAttention-2 or cuDNN over the batch's runs
-            over_runs = attention_cudnn if runs.backend == "cudnn" else attention_fa2
-            y = over_runs(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)  # (B, T, H, D)
+            y = attention_over_runs(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)
         else:
             y = self._attend(q, k, v, doc_ids, layer, cache).transpose(1, 2)  # (B, T, H, D)
         return F.dropout(self.proj(y.reshape(B, T, H * D)), self.cfg.dropout, self.training)

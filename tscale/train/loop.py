@@ -36,8 +36,8 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
-from tscale.ops.attention_cudnn import cudnn_unusable_reason
-from tscale.ops.attention_fa2 import DocRuns, doc_runs, fa2_unusable_reason
+from tscale.ops import attention_runs
+from tscale.ops.attention_fa2 import DocRuns, doc_runs
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears_as_configured
@@ -225,12 +225,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         return replicas.module(x, index=feats, targets=y, **extra).mean()
 
     over_runs = cfg.train.attention != "auto"  # FlashAttention-2 or cuDNN over each batch's document runs
-    runs_backend = cfg.train.attention.removesuffix("_global")
-    runs_windowed = not cfg.train.attention.endswith("_global")
+    runs_backend, runs_windowed = attention_runs.parse_choice(cfg.train.attention)
     if over_runs:
-        unusable = cudnn_unusable_reason if runs_backend == "cudnn" else fa2_unusable_reason
-        why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale"
-               else unusable(device, amp_dtype or torch.float32, cfg.model.head_dim))
+        why = ("it needs model.arch = \"tscale\"" if cfg.model.arch != "tscale" else
+               attention_runs.unusable_reason(runs_backend, device, amp_dtype or torch.float32, cfg.model.head_dim))
         if why:
             raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
@@ -361,9 +359,10 @@ def _attention_note(cfg: RunConfig) -> str:
     """What train.attention puts in place of the default attention, for the run's first line ("" for "auto")."""
     if cfg.train.attention == "auto":
         return ""
-    over = {"fa2": "torch's FlashAttention-2", "cudnn": "cuDNN's attention"}[cfg.train.attention.removesuffix("_global")]
-    where = "the global layers" if cfg.train.attention.endswith("_global") else "every layer"
-    return f"; attention in {where}: {over} over the batch's document runs (train.attention = {cfg.train.attention})"
+    backend, windowed = attention_runs.parse_choice(cfg.train.attention)
+    where = "every layer" if windowed else "the global layers"
+    return (f"; attention in {where}: {attention_runs.DESCRIBED[backend]} over the batch's document runs "
+            f"(train.attention = {cfg.train.attention})")
 
 
 def _index_note(cfg: RunConfig) -> str:
