@@ -41,6 +41,7 @@ def test_speedups_and_loss_differences_name_the_headline_recipes():
     assert out["train_tokens_per_s_fp8_rowwise_1p5b"] == 1300 and out["train_speedup_fp8_rowwise_1p5b"] == 1.3
     diffs = lowprec_train.quality_diffs({"bf16": 3.0, "fp8_tensorwise": 3.03, "int8_rowwise": 2.97})
     assert diffs["fp8_val_loss_rel_diff"] == pytest.approx(0.01) and diffs["int8_val_loss_rel_diff"] == pytest.approx(-0.01)
+    assert diffs["val_loss_rel_diff_int8_rowwise"] == pytest.approx(-0.01) and "val_loss_rel_diff_bf16" not in diffs
     assert "int8_vs_bf16_train_speedup_124m" not in lowprec_train.speedups({"int8_rowwise": 5.0}, "124m")
 
 

@@ -125,6 +125,8 @@ TOLERANCE = {
     "int8_rowwise+int8_backward": (0.015, 0.03, 0.03),  # per-column scales over rows of unequal size
     "fp8_tensorwise+fast_accum": (0.06, 0.10, 0.10),  # fast accumulation in the forward product
     "fp8_tensorwise+in_graph": (0.06, 0.10, 0.10),  # the same recipe as traceable torch ops
+    "int8_switchback": (0.015, 0.03, 1e-6),  # rowwise forward and input gradient; weight gradient unquantised
+    "fp8_switchback": (0.06, 0.06, 1e-6),
 }
 
 
@@ -225,6 +227,33 @@ def test_in_graph_route_computes_what_the_custom_op_computes():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name, dtype", [("int8_switchback", INT8), ("fp8_switchback", E4M3)])
+def test_switchback_products_are_the_recipes(name, dtype):
+    """Forward and input gradient from rowwise-quantised operands, weight gradient from the unquantised ones."""
+    x, w, g = rand(48, 64, seed=23), rand(80, 64, seed=24) * 0.05, rand(48, 80, seed=25)
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = lowprec_matmul(xa, wa, get_recipe(name), torch.float32)  # (48, 80)
+    y.backward(g)
+    xq, sx = quantize_reference(x, dtype, -1)  # (48, 64), (48, 1)
+    wq, sw = quantize_reference(w, dtype, -1)  # (80, 64), (80, 1)
+    torch.testing.assert_close(y, dequant(xq, sx) @ dequant(wq, sw).t(), rtol=1e-5, atol=1e-5)
+    gq, sg = quantize_reference(g, dtype, -1)  # (48, 80), (48, 1)
+    wq_t, sw_t = quantize_reference(w.t().contiguous(), dtype, -1)  # (64, 80), (64, 1): per input channel
+    torch.testing.assert_close(xa.grad, dequant(gq, sg) @ dequant(wq_t, sw_t).t(), rtol=1e-5, atol=1e-5)
+    assert _rel(xa.grad, g @ w) > 1e-4  # the input gradient did go through the quantised operands
+    torch.testing.assert_close(wa.grad, g.t() @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_switchback_recipes_always_quantise_in_the_graph():
+    from tscale.errors import UserError
+
+    recipe = get_recipe("fp8_switchback", fp8_fast_accum=True)
+    assert recipe.in_graph and not recipe.lowp_weight_grad and recipe.fast_accum and recipe.rowwise
+    with pytest.raises(UserError, match="always quantise in the graph"):
+        get_recipe("int8_switchback", quantize_in_graph=True)
+    assert load_config(None, ['precision.recipe="int8_switchback"']).precision.recipe == "int8_switchback"
+
+
 def test_in_graph_route_needs_fp8_tensorwise():
     from tscale.errors import UserError
 
@@ -290,7 +319,8 @@ def _train(tokens, run, *extra):
     return result, [r["loss"] for r in records if "loss" in r], seen
 
 
-@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_backward", "fp8_in_graph"])
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_backward", "fp8_in_graph",
+                                    "int8_switchback"])
 def test_training_with_each_recipe_lowers_the_loss(tokens, tmp_path, recipe):
     extra = {"int8_backward": ['precision.recipe="int8_rowwise"', "precision.int8_backward=true"],
              "fp8_in_graph": ['precision.recipe="fp8_tensorwise"', "precision.quantize_in_graph=true"]}.get(
@@ -414,6 +444,32 @@ def test_cuda_function_matches_the_cpu_reference_path(name):
         outs[device] = (y.float().cpu(), xa.grad.cpu(), wa.grad.cpu())
     for a, b in zip(outs["cuda"], outs["cpu"]):
         assert _rel(a, b) < 0.02  # same quantised operands; bf16 outputs and accumulation order differ
+
+
+@CUDA
+@pytest.mark.parametrize("name", ["int8_switchback", "fp8_switchback"])
+def test_cuda_switchback_model_under_inductor_matches_eager(name):
+    """Inductor folds the rowwise quantisation into its own kernels: same gradients as eager, up to rounding."""
+    from tscale.config import ModelConfig
+    from tscale.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="gpt2", n_layer=2, n_head=2, d_model=128, seq_len=64, vocab_size=256,
+                                    eos_id=0)).cuda()
+    assert len(convert_linears(model, name)) == 8
+    idx = torch.randint(0, 256, (4, 64), device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = run(idx).float().square().mean()  # (B, T, V) logits -> ()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(g.abs().sum() > 0 for g in grads[1])
+    for eager, comp in zip(*grads):
+        assert _rel(comp, eager) < 0.02
 
 
 @CUDA

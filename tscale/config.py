@@ -182,7 +182,10 @@ class PrecisionConfig(_Section):
 
     recipe "bf16" keeps nn.Linear under train.dtype; "fp8_tensorwise", "fp8_rowwise" and
     "int8_rowwise" run the products of every linear layer not named in `exclude` in fp8 / int8
-    with fp32 master weights. `int8_backward` runs int8_rowwise's backward products in int8
+    with fp32 master weights; "int8_switchback" and "fp8_switchback" run the forward and
+    input-gradient products in int8 / fp8 (rowwise scales, quantised by torch ops that
+    torch.compile fuses into the neighbouring kernels) and the weight gradient in train.dtype
+    (tscale/precision/recipes.py). `int8_backward` runs int8_rowwise's backward products in int8
     too (default: bf16). `fp8_fast_accum` uses the fp8 tensor cores' fast accumulation in the
     forward product of an fp8 recipe (the two backward products keep exact fp32 sums).
     `quantize_in_graph` (fp8_tensorwise only) writes the quantisation as plain torch ops and the
@@ -191,7 +194,7 @@ class PrecisionConfig(_Section):
     part of a module name; a glob (*, ?) matches the whole name.
     """
 
-    recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise"] = "bf16"
+    recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_switchback", "fp8_switchback"] = "bf16"
     int8_backward: bool = False
     fp8_fast_accum: bool = False
     quantize_in_graph: bool = False
@@ -204,7 +207,8 @@ class PrecisionConfig(_Section):
         if self.fp8_fast_accum and not self.recipe.startswith("fp8"):
             raise ValueError(f'precision.fp8_fast_accum needs an fp8 recipe (got "{self.recipe}")')
         if self.quantize_in_graph and self.recipe != "fp8_tensorwise":
-            raise ValueError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" (got "{self.recipe}")')
+            raise ValueError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" (got "{self.recipe}"; '
+                             'the switchback recipes always quantise in the graph)')
         return self
 
 

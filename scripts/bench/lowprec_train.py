@@ -23,7 +23,8 @@ chosen before measuring: the fastest products of each kind in the gemm benchmark
 `train_tokens_per_s_<recipe>_<size>` and `train_speedup_<recipe>_<size>` for every recipe run
 (int8_rowwise_bwd: int8_rowwise with precision.int8_backward, all three products in int8;
 fp8_tensorwise_fastacc: fp8_tensorwise with precision.fp8_fast_accum; fp8_tensorwise_graph: fp8_tensorwise with
-precision.quantize_in_graph, its quantisation left to torch.compile), and `{fp8,int8}_val_loss_rel_diff`
+precision.quantize_in_graph, its quantisation left to torch.compile; int8_switchback / fp8_switchback: the
+forward and input-gradient products in int8 / fp8, the weight gradient in bf16), and `{fp8,int8}_val_loss_rel_diff`
 = (val loss of the recipe - val loss of bf16) / val loss of bf16 with `val_loss_<recipe>`.
 """
 
@@ -45,7 +46,7 @@ from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
 RECIPES = ["bf16", "fp8_tensorwise", "fp8_tensorwise_fastacc", "fp8_tensorwise_graph", "fp8_rowwise", "int8_rowwise",
-           "int8_rowwise_bwd"]
+           "int8_rowwise_bwd", "int8_switchback", "fp8_switchback"]
 INT8_BACKWARD = "int8_rowwise_bwd"  # int8_rowwise with its backward products in int8 too (precision.int8_backward)
 FP8_FAST_ACCUM = "fp8_tensorwise_fastacc"  # fp8_tensorwise with fast accumulation in its forward product
 FP8_IN_GRAPH = "fp8_tensorwise_graph"  # fp8_tensorwise quantised by traceable torch ops (precision.quantize_in_graph)
@@ -113,6 +114,9 @@ def speedups(rates: dict[str, float], size: str) -> dict:
 def quality_diffs(losses: dict[str, float]) -> dict:
     """{val_loss_<recipe>, fp8 / int8 relative differences to bf16} from {recipe: val loss}."""
     out = {f"val_loss_{recipe}": round(loss, 5) for recipe, loss in losses.items()}
+    if "bf16" in losses:
+        out.update({f"val_loss_rel_diff_{recipe}": round((loss - losses["bf16"]) / losses["bf16"], 5)
+                    for recipe, loss in losses.items() if recipe != "bf16"})
     for kind, recipe in HEADLINE.items():
         if recipe in losses and "bf16" in losses:
             out[f"{kind}_val_loss_rel_diff"] = round((losses[recipe] - losses["bf16"]) / losses["bf16"], 5)

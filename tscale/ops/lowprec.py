@@ -14,6 +14,8 @@ fp8_mm(a (M, K) fp8, b (K, N) fp8, scale_a () | (M, 1), scale_b () | (1, N), out
 int8_mm(a (M, K) int8, b (K, N) int8, scale_a, scale_b, out_dtype) -> (M, N)
     out = (a @ b) * scale_a * scale_b: the scales are applied to the exact (int32 / fp32) sums.
     b is typically the transpose of a row-major (N, K) weight (column-major), as cuBLAS wants it.
+scaled_mm_rows(a (M, K), b (N, K), scale_a (M, 1), scale_b (N, 1), out_dtype, fast_accum=False) -> (M, N)
+    a @ b^T with both operands scaled per row; the torch custom op tscale::scaled_mm_rows.
 
 References are plain torch (dequantise-and-matmul in fp32). quantize runs the tscale._C kernel
 (csrc/fp8) when built. The products try these paths in order and take the first whose rules hold:
@@ -345,6 +347,23 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     if a.dtype == torch.int8:
         return int8_mm(a, b, scale_a, scale_b, out_dtype)
     return fp8_mm(a, b, scale_a, scale_b, out_dtype, fast_accum)
+
+
+@torch.library.custom_op("tscale::scaled_mm_rows", mutates_args=())
+def scaled_mm_rows(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+    """(M, N) = (a (M, K) @ b (N, K)^T) * scale_a (M, 1) * scale_b (N, 1)^T, a and b fp8 or int8, both row-major.
+
+    scaled_mm with both operands quantised along their rows (the contracted dimension), as one
+    opaque op: torch.compile keeps the path choice of scaled_mm out of the graph, and the graph
+    around it can make a and b in the layout the fast paths read without a copy.
+    """
+    return scaled_mm(a.contiguous(), b.contiguous().t(), scale_a, scale_b.t(), out_dtype, fast_accum)
+
+
+@scaled_mm_rows.register_fake
+def _(a, b, scale_a, scale_b, out_dtype, fast_accum=False):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 def _op_defined(name: str) -> bool:

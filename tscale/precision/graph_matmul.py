@@ -1,4 +1,4 @@
-"""The fp8 tensorwise product with its quantisation as plain torch ops, for torch.compile to fuse with the layer's neighbours.
+"""Low-precision products with their quantisation as plain torch ops, for torch.compile to fuse with the layer's neighbours.
 
 `precision.quantize_in_graph` (recipe fp8_tensorwise only) routes a LowPrecLinear here instead of
 the tscale::lowprec_matmul custom op. The arithmetic is the recipe's own (quantize_reference:
@@ -15,11 +15,15 @@ Products for y = x W^T, x (M, K), W (N, K), dy (M, N):
   grad input   dx = gq  @ Wq     e5m2 x e4m3
   grad weight  dW = gq^T @ xq    e5m2 x e4m3
 The backward keeps xq and Wq (one byte per value) instead of x and W.
+
+The switchback recipes (int8_switchback, fp8_switchback; recipes.py) take switchback_matmul:
+rowwise scales only, the weight gradient in the compute dtype, the products through the
+opaque tscale::scaled_mm_rows (CUTLASS / cuBLASLt / torch paths of tscale.ops.lowprec).
 """
 
 import torch
 
-from tscale.ops.lowprec import fp8_mm_reference, quantize_reference
+from tscale.ops.lowprec import fp8_mm_reference, quantize_reference, scaled_mm_rows
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -65,3 +69,42 @@ def fp8_tensorwise_matmul(x: torch.Tensor, weight: torch.Tensor, out_dtype: torc
     """y (M, N) = x (M, K) @ weight (N, K)^T through fp8_tensorwise products, traceable end to end."""
     with torch.autocast(x.device.type, enabled=False):
         return _Fp8TensorwiseMatmul.apply(x, weight, out_dtype, fast_accum)
+
+
+class _SwitchbackMatmul(torch.autograd.Function):
+    """y (M, N) = x (M, K) @ weight (N, K)^T: forward and input gradient in low precision, weight gradient in out_dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, lowp_dtype: torch.dtype, grad_dtype: torch.dtype,
+                out_dtype: torch.dtype, fast_accum: bool) -> torch.Tensor:
+        xq, sx = quantize_reference(x, lowp_dtype, -1)  # (M, K), (M, 1): one scale per token
+        wq, sw = quantize_reference(weight, lowp_dtype, -1)  # (N, K), (N, 1): one per output channel
+        ctx.save_for_backward(x, weight)
+        ctx.dtypes = (lowp_dtype, grad_dtype, out_dtype)
+        return scaled_mm_rows(xq, wq, sx, sw, out_dtype, fast_accum)  # (M, N)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        lowp_dtype, grad_dtype, out_dtype = ctx.dtypes
+        dy = dy.contiguous()  # (M, N)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            gq, sg = quantize_reference(dy, grad_dtype, -1)  # (M, N), (M, 1)
+            wq_t, sw_t = quantize_reference(weight.t().contiguous(), lowp_dtype, -1)  # (K, N), (K, 1): per input channel
+            dx = scaled_mm_rows(gq, wq_t, sg, sw_t, out_dtype).to(x.dtype)  # (M, K)
+        if ctx.needs_input_grad[1]:
+            dw = (dy.to(out_dtype).t() @ x.to(out_dtype)).to(weight.dtype)  # (N, K): contracts over the tokens
+        return dx, dw, None, None, None, None
+
+
+def switchback_matmul(x: torch.Tensor, weight: torch.Tensor, lowp_dtype: torch.dtype, grad_dtype: torch.dtype,
+                      out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+    """y (M, N) = x (M, K) @ weight (N, K)^T in a switchback recipe (recipes.py), traceable end to end.
+
+    Forward x and weight rowwise in lowp_dtype; input gradient dy rowwise in grad_dtype times
+    weight^T rowwise (one scale per input channel) in lowp_dtype; weight gradient dy^T x in
+    out_dtype from the unquantised x, as nn.Linear computes it. fast_accum: the forward product only.
+    """
+    with torch.autocast(x.device.type, enabled=False):
+        return _SwitchbackMatmul.apply(x, weight, lowp_dtype, grad_dtype, out_dtype, fast_accum)

@@ -26,7 +26,7 @@ import torch.nn as nn
 from tscale.config import PrecisionConfig
 from tscale.errors import UserError
 from tscale.ops.lowprec import quantize, scaled_mm
-from tscale.precision.graph_matmul import fp8_tensorwise_matmul
+from tscale.precision.graph_matmul import fp8_tensorwise_matmul, switchback_matmul
 from tscale.precision.recipes import Recipe, get_recipe
 
 
@@ -147,6 +147,8 @@ _matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 def lowprec_matmul(x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype) -> torch.Tensor:
     """y (M, N) = x (M, K) @ weight (N, K)^T with the recipe's low-precision products, forward and backward."""
+    if recipe.in_graph and not recipe.lowp_weight_grad:
+        return switchback_matmul(x, weight, recipe.fwd_dtype, recipe.grad_dtype, out_dtype, recipe.fast_accum)
     if recipe.in_graph:
         return fp8_tensorwise_matmul(x, weight, out_dtype, recipe.fast_accum)
     lowp_backward = recipe.grad_dtype is not None
@@ -209,7 +211,7 @@ def convert_linears(model: nn.Module, recipe: str | Recipe, include=None, exclud
                     quantize_in_graph: bool = False) -> list[str]:
     """Swap the chosen nn.Linear modules of `model` for LowPrecLinear in place; the names converted.
 
-    recipe: "bf16" (nothing converted), "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", or a Recipe.
+    recipe: "bf16" (nothing converted), a name of recipes.RECIPES, or a Recipe.
     include / exclude: module names (a plain word matches any part of a name, a glob the whole).
     """
     r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward, fp8_fast_accum, quantize_in_graph)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The switchback recipes on one GPU: their CUDA tests and training rates, then their quality at 124M.
+#
+#   bash scripts/device/switchback_runs.sh PART OUT_DIR [SECONDS]     (repository root, on the GPU machine)
+#
+#   speed    build (with CUTLASS when .whl/ holds its headers), the CUDA tests of the low-precision
+#            layers, then lowprec_train.py speed at 1.5B under CUDA graphs: bf16, int8_switchback,
+#            fp8_switchback, int8_rowwise in one process (each ratio against that process's bf16);
+#            the built tscale._C_cutlass goes to OUT_DIR/so/ for the next call
+#   quality  tokenize mix + code slice (.devdata/data) and train gpt2 124M on 100M tokens with
+#            int8_switchback, then bf16 (same seed and windows), `tscale eval` of each
+# A tscale._C_cutlass built by an earlier call (.devdata/so/) is used instead of building it again.
+# Every step stops SECONDS (default 570) after the start.
+set -u -o pipefail
+PART=${1:?usage: switchback_runs.sh PART OUT_DIR [SECONDS]}
+OUT=${2:?usage: switchback_runs.sh PART OUT_DIR [SECONDS]}
+deadline=$(( $(date +%s) + ${3:-570} ))
+left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT/logs"
+prebuilt=$(compgen -G ".devdata/so/_C_cutlass*.so" | head -1)
+[ -n "$prebuilt" ] && export TSCALE_NO_CUTLASS=1
+source scripts/device/setup_env.sh "$OUT/logs" || exit 1
+if [ -n "$prebuilt" ]; then cp "$prebuilt" tscale/ && echo "tscale._C_cutlass from $prebuilt"; fi
+mkdir -p "$OUT/so" && cp tscale/_C_cutlass*.so "$OUT/so/" 2>/dev/null
+python3 -c "import torch, tscale.ops.lowprec as l; print('cutlass int8:', l._cutlass_kernels(), torch.__version__)"
+case $PART in
+  speed)
+    timeout "$(left)" python3 -m pytest -q tests/test_lowprec.py -k "cuda and (switchback or function_matches or fast_products)" \
+      2>&1 | tail -5
+    timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
+      --recipes bf16 int8_switchback fp8_switchback int8_rowwise --out-dir "$OUT/speed" 2>&1 | tee "$OUT/logs/speed.log" \
+      | grep -E "tokens/s|NOT RECORDED|Error" ;;
+  quality)
+    tok=.cache/lowprec-tokens
+    [ -f $tok/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
+      .devdata/data/code-slice.jsonl.xz --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet
+    timeout "$(left)" python3 scripts/bench/lowprec_train.py quality $tok --recipes int8_switchback bf16 \
+      --work .cache/lowprec-quality --out-dir "$OUT/quality" 2>&1 | tee "$OUT/logs/quality.log" | grep -E "val loss|Error|failed"
+    cp .cache/lowprec-quality/eval-*.json .cache/lowprec-quality/log.txt "$OUT/quality/" 2>/dev/null ;;
+  *) echo "switchback_runs.sh: unknown part '$PART' (speed or quality)"; exit 2 ;;
+esac
