@@ -35,14 +35,17 @@ def test_moved_check_names_the_parameters_a_timed_stretch_left_alone():
 
 
 def test_speedups_and_loss_differences_name_the_headline_recipes():
-    rates = {"bf16": 1000.0, "fp8_tensorwise": 1400.0, "fp8_rowwise": 1300.0, "int8_rowwise": 1250.0}
+    rates = {"bf16": 1000.0, "fp8_tensorwise": 1400.0, "fp8_rowwise": 1300.0, "int8_switchback": 1250.0,
+             "int8_rowwise": 1100.0}
     out = lowprec_train.speedups(rates, "1p5b")
     assert out["fp8_vs_bf16_train_speedup_1p5b"] == 1.4 and out["int8_vs_bf16_train_speedup_1p5b"] == 1.25
     assert out["train_tokens_per_s_fp8_rowwise_1p5b"] == 1300 and out["train_speedup_fp8_rowwise_1p5b"] == 1.3
-    diffs = lowprec_train.quality_diffs({"bf16": 3.0, "fp8_tensorwise": 3.03, "int8_rowwise": 2.97})
+    diffs = lowprec_train.quality_diffs({"bf16": 3.0, "fp8_tensorwise": 3.03, "int8_switchback": 2.97,
+                                         "int8_rowwise": 2.97})
     assert diffs["fp8_val_loss_rel_diff"] == pytest.approx(0.01) and diffs["int8_val_loss_rel_diff"] == pytest.approx(-0.01)
     assert diffs["val_loss_rel_diff_int8_rowwise"] == pytest.approx(-0.01) and "val_loss_rel_diff_bf16" not in diffs
-    assert "int8_vs_bf16_train_speedup_124m" not in lowprec_train.speedups({"int8_rowwise": 5.0}, "124m")
+    assert "int8_vs_bf16_train_speedup_124m" not in lowprec_train.speedups({"int8_switchback": 5.0}, "124m")
+    assert lowprec_train.speedups(rates, "1p5b")["train_speedup_int8_rowwise_1p5b"] == 1.1
 
 
 def test_merge_keeps_other_metrics_and_replaces_its_own_paragraph(tmp_path):
