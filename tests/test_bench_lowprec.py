@@ -139,7 +139,7 @@ def test_speed_run_stopped_part_way_keeps_the_recipes_it_measured(tmp_path, monk
 
     monkeypatch.setattr(lowprec_train, "train_run", stopped_on_second)
     args = type("Args", (), dict(tiny=True, sizes=None, steps=2, warmup=1, compile_mode="default",
-                                 recipes=["bf16", "int8_rowwise"]))()
+                                 compile_block_once=False, recipes=["bf16", "int8_rowwise"]))()
     with pytest.raises(KeyboardInterrupt):
         lowprec_train.speed(args, tmp_path)
     record = json.loads((tmp_path / "lowprec.json").read_text())

@@ -130,6 +130,9 @@ class TrainConfig(_Section):
     # its kernels are faster than the fused kernel's in every layer, but each call costs the host ~1.25 ms, which
     # a training step hides for the 3 global layers of the 124M preset: docs/BENCHMARKS.md)
     attention: Literal["auto", "fa2", "fa2_global", "cudnn", "cudnn_global"] = "auto"
+    # torch.compile traces one transformer block and reuses its compiled code for every block
+    # (tscale/model/block_region.py): compile time no longer grows with the depth; nothing fuses across blocks
+    compile_block_once: bool = False
     # the step's loss straight from the head's input, a chunk of tokens of logits at a time, none of them kept
     # (tscale/ops/fused_loss.py): less memory; models without the token index; the head must stay a plain layer
     fused_loss: bool = False
@@ -150,6 +153,11 @@ class TrainConfig(_Section):
             raise ValueError(f'compile_mode "{self.compile_mode}" replays CUDA graphs, which cannot accumulate '
                              f'gradients over micro-batches: set train.grad_accum = 1 (a larger train.batch_size) '
                              f'or compile_mode = "default"')
+        if self.compile_block_once and not self.compile:
+            raise ValueError("train.compile_block_once needs train.compile = true")
+        if self.compile_block_once and self.attention != "auto":
+            raise ValueError(f'train.compile_block_once works with train.attention = "auto" (got "{self.attention}"; '
+                             f'the document-run paths compile each block)')
         return self
 
 

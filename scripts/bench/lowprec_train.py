@@ -10,7 +10,8 @@ gpt2 architecture at 124M (configs/gpt2-124m.toml) and 1.5B (48 x 1600, 25 heads
 shape), the same batch for every recipe, bf16 autocast and torch.compile; tokens/s is the
 harmonic mean of the rates logged after the warm-up steps (total tokens / total time). One
 process runs every recipe of a size, one after the other. --compile-mode sets train.compile_mode
-for every recipe (the metrics' size label gets the mode: `1p5b_reduce_overhead`).
+for every recipe (the metrics' size label gets the mode: `1p5b_reduce_overhead`); --compile-block-once sets
+train.compile_block_once (label suffix `_block_once`).
 
 quality: configs/gpt2-124m.toml on TOKENS (the benchmark corpus of DESIGN.md) for
 --train-tokens tokens, one pass, the same seed and windows for every recipe, each as a
@@ -138,8 +139,10 @@ def speed(args, out_dir: Path) -> tuple[dict, Path | None]:
             random_token_folder(tokens, (args.warmup + args.steps + 2) * shape.train.batch_size * (shape.model.seq_len + 1))
             rates = {}
             label = size if args.compile_mode == "default" else f"{size}_{args.compile_mode.replace('-', '_')}"
+            label += "_block_once" if args.compile_block_once else ""
             for recipe in args.recipes:
-                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *recipe_sets(recipe),
+                once = ["train.compile_block_once=true"] if args.compile_block_once else []
+                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *once, *recipe_sets(recipe),
                                            f"train.steps={args.warmup + args.steps}", "train.eval_every=0",
                                            "train.ckpt_every=0", f"train.log_every={log_every}", f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
@@ -164,7 +167,8 @@ def _speed_notes(args, sizes: dict, done: list[str]) -> str:
     """The speed part's paragraph: what ran, and which runs finished."""
     return (f"speed {'+'.join(sizes)} (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, "
             f"{args.steps} timed steps after {args.warmup}, "
-            f"{'CPU, no compile' if args.tiny else f'bf16 autocast + compile ({args.compile_mode} mode)'}, recipes "
+            f"{'CPU, no compile' if args.tiny else f'bf16 autocast + compile ({args.compile_mode} mode)'}"
+            f"{', train.compile_block_once' if args.compile_block_once else ''}, recipes "
             f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, int8 = {HEADLINE['int8']}; measured: {', '.join(done)}")
 
 
@@ -221,6 +225,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="speed: steps before timing (compile included)")
     ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                     help="speed: train.compile_mode of every run")
+    ap.add_argument("--compile-block-once", action="store_true",
+                    help="speed: train.compile_block_once for every run (one block traced; far shorter compiles)")
     ap.add_argument("--train-tokens", type=float, default=100e6, help="quality: tokens per run")
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "lowprec-quality", help="quality: run folders")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model")
@@ -228,8 +234,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.tiny and args.out_dir is None:
         ap.error("--tiny writes a smoke-test record: give --out-dir (not docs/bench)")
-    if args.tiny and args.compile_mode != "default":
-        ap.error("--compile-mode needs torch.compile, which --tiny turns off")
+    if args.tiny and (args.compile_mode != "default" or args.compile_block_once):
+        ap.error("--compile-mode and --compile-block-once need torch.compile, which --tiny turns off")
     if args.mode == "quality" and args.tokens is None:
         ap.error("quality needs TOKENS (a token folder)")
     if not args.tiny and not torch.cuda.is_available():

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
+from tscale.model.block_region import train_block
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
 
@@ -71,6 +72,10 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), layer, cache)
         return x + self.mlp(self.ln_2(x))
 
+    def train_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward without a KV cache (the layer number only addresses the cache), for block_region.train_block."""
+        return self.forward(x, 0, None)
+
 
 class GPT2(nn.Module):
     def __init__(self, cfg: ModelConfig, index: IndexConfig | None = None):
@@ -88,6 +93,7 @@ class GPT2(nn.Module):
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.index = make_adapter(cfg.vocab_size, cfg.d_model, index)
+        self.compile_block_once = False  # set by the training loop (train.compile_block_once; block_region.py)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -121,8 +127,9 @@ class GPT2(nn.Module):
         x = embed_inputs(self.index, x, index)
         x = x + self.wpe(pos)
         x = F.dropout(x, self.cfg.dropout, self.training)
+        once = self.compile_block_once and cache is None
         for i, block in enumerate(self.blocks):
-            x = block(x, i, cache)
+            x = train_block(block, x) if once else block(x, i, cache)
         if cache is not None:
             cache.advance(T)
         hidden = self.ln_f(x)  # (B, T, C)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
+from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
@@ -126,6 +127,10 @@ class Block(nn.Module):
         x = x + self.attn(self.norm_1(x), rope, doc_ids, layer, cache, runs)
         return x + self.mlp(self.norm_2(x))
 
+    def train_forward(self, x, rope, doc_ids) -> torch.Tensor:
+        """forward without a KV cache or document runs, for block_region.train_block."""
+        return self.forward(x, rope, doc_ids, 0, None)
+
 
 class TScaleLM(nn.Module):
     def __init__(self, cfg: ModelConfig, index: IndexConfig | None = None):
@@ -147,6 +152,7 @@ class TScaleLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.index = make_adapter(cfg.vocab_size, cfg.d_model, index)
+        self.compile_block_once = False  # set by the training loop (train.compile_block_once; block_region.py)
 
     def _init_weights(self) -> None:
         """Matrices ~ N(0, 0.5 / sqrt(fan_in)); embeddings ~ N(0, 1) (they are normalised); projections zero.
@@ -211,8 +217,9 @@ class TScaleLM(nn.Module):
         if c.doc_mask and (runs is None or not runs.windowed):
             starts = idx == c.eos_id  # (B, T): eos ends a document and opens the next
             doc_ids = cache.doc_ids(starts) if cache is not None else starts.long().cumsum(1)  # (B, pos+T)
+        once = self.compile_block_once and cache is None and runs is None
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, doc_ids, i, cache, runs)
+            x = train_block(block, x, rope, doc_ids) if once else block(x, rope, doc_ids, i, cache, runs)
         if cache is not None:
             cache.advance(T)
         hidden = self.norm_f(x)  # (B, T, C)

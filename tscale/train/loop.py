@@ -185,6 +185,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     features = open_features(cfg, folder)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
+    model.compile_block_once = cfg.train.compile_block_once  # traced once, reused by every block (block_region.py)
     converted = convert_linears_as_configured(model, cfg.precision)
     if cfg.train.fused_loss and cfg.index.enabled:
         raise UserError("train.fused_loss does not apply to a model with the token index (its loss is the "

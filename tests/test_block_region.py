@@ -1,0 +1,81 @@
+"""train.compile_block_once: one trace of a transformer block serves every block, with the same losses and gradients."""
+
+import pytest
+import torch
+
+from tscale.config import ModelConfig, load_config
+from tscale.errors import UserError
+from tscale.model import build_model
+
+SHAPES = {"gpt2": {}, "tscale": {"head_dim": 16, "window": 8, "global_every": 2}}
+
+
+def _model(arch: str, n_layer: int):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(arch=arch, n_layer=n_layer, n_head=2, d_model=32, seq_len=32, vocab_size=128,
+                                   eos_id=0, **SHAPES[arch]))
+
+
+def _compiled_step(model, idx, once: bool):
+    """(loss, gradients, ops traced by dynamo) of one compiled forward + backward."""
+    model.compile_block_once = once
+    model.zero_grad()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    loss = torch.compile(lambda i: model(i, loss_targets=i), backend="aot_eager", fullgraph=True)(idx)
+    loss.backward()
+    captured = torch._dynamo.utils.counters["stats"]["calls_captured"]
+    return loss.detach(), [p.grad.clone() for p in model.parameters()], captured
+
+
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_blocks_compiled_once_train_as_the_whole_graph_does(arch):
+    model = _model(arch, 4)
+    idx = torch.randint(1, 128, (2, 32))
+    idx[:, 10] = 0  # a document boundary (eos) inside each row
+    loss_full, grads_full, _ = _compiled_step(model, idx, once=False)
+    loss_once, grads_once, _ = _compiled_step(model, idx, once=True)
+    torch.testing.assert_close(loss_once, loss_full, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_once, grads_full):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert sum(g.abs().sum() for g in grads_once) > 0
+
+
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_tracing_work_does_not_grow_with_depth(arch):
+    idx = torch.randint(1, 128, (2, 32))
+    captured = {(n, once): _compiled_step(_model(arch, n), idx, once)[2] for n in (2, 6) for once in (False, True)}
+    assert captured[6, False] > captured[2, False] + 20  # every block traced again
+    assert captured[6, True] <= captured[2, True] + 8  # the block traced once (tscale: once per window kind)
+
+
+def test_eager_calls_are_plain_calls():
+    model = _model("tscale", 3)
+    idx = torch.randint(1, 128, (2, 32))
+    with torch.no_grad():
+        plain = model(idx)
+        model.compile_block_once = True
+        torch.testing.assert_close(model(idx), plain, rtol=0, atol=0)
+
+
+def test_config_says_what_compile_block_once_needs():
+    assert load_config(None, ["train.compile=true", "train.compile_block_once=true"]).train.compile_block_once
+    with pytest.raises(UserError, match="needs train.compile = true"):
+        load_config(None, ["train.compile_block_once=true"])
+    with pytest.raises(UserError, match='train.attention = "auto"'):
+        load_config(None, ["train.compile=true", "train.compile_block_once=true", 'train.attention="fa2"'])
+
+
+@pytest.mark.parametrize("recipe", ["int8_switchback", "fp8_tensorwise"])
+def test_low_precision_blocks_compile_once_too(recipe):
+    """The switchback recipe's traced quantisation and the custom op of the others inside the one region."""
+    from tscale.precision import convert_linears
+
+    model = _model("gpt2", 3)
+    convert_linears(model, recipe)
+    idx = torch.randint(1, 128, (2, 32))
+    loss_full, grads_full, _ = _compiled_step(model, idx, once=False)
+    loss_once, grads_once, _ = _compiled_step(model, idx, once=True)
+    torch.testing.assert_close(loss_once, loss_full, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_once, grads_full):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
