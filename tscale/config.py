@@ -202,7 +202,8 @@ class PrecisionConfig(_Section):
     part of a module name; a glob (*, ?) matches the whole name.
     """
 
-    recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_switchback", "fp8_switchback"] = "bf16"
+    recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_switchback",
+                    "fp8_switchback"] = "bf16"
     int8_backward: bool = False
     fp8_fast_accum: bool = False
     quantize_in_graph: bool = False
@@ -215,8 +216,8 @@ class PrecisionConfig(_Section):
         if self.fp8_fast_accum and not self.recipe.startswith("fp8"):
             raise ValueError(f'precision.fp8_fast_accum needs an fp8 recipe (got "{self.recipe}")')
         if self.quantize_in_graph and self.recipe != "fp8_tensorwise":
-            raise ValueError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" (got "{self.recipe}"; '
-                             'the switchback recipes always quantise in the graph)')
+            raise ValueError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" '
+                             f'(got "{self.recipe}"; the switchback recipes always quantise in the graph)')
         return self
 
 

@@ -142,7 +142,8 @@ def speed(args, out_dir: Path) -> tuple[dict, Path | None]:
             label += "_block_once" if args.compile_block_once else ""
             for recipe in args.recipes:
                 once = ["train.compile_block_once=true"] if args.compile_block_once else []
-                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *once, *recipe_sets(recipe),
+                cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *once,
+                                           *recipe_sets(recipe),
                                            f"train.steps={args.warmup + args.steps}", "train.eval_every=0",
                                            "train.ckpt_every=0", f"train.log_every={log_every}", f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"

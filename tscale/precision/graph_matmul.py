@@ -1,4 +1,4 @@
-"""Low-precision products with their quantisation as plain torch ops, for torch.compile to fuse with the layer's neighbours.
+"""Low-precision products with their quantisation as plain torch ops, for torch.compile to fuse with its neighbours.
 
 `precision.quantize_in_graph` (recipe fp8_tensorwise only) routes a LowPrecLinear here instead of
 the tscale::lowprec_matmul custom op. The arithmetic is the recipe's own (quantize_reference:
@@ -72,7 +72,7 @@ def fp8_tensorwise_matmul(x: torch.Tensor, weight: torch.Tensor, out_dtype: torc
 
 
 class _SwitchbackMatmul(torch.autograd.Function):
-    """y (M, N) = x (M, K) @ weight (N, K)^T: forward and input gradient in low precision, weight gradient in out_dtype."""
+    """y (M, N) = x (M, K) @ weight (N, K)^T: forward and input gradient in low precision, weight gradient not."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, lowp_dtype: torch.dtype, grad_dtype: torch.dtype,
@@ -91,7 +91,7 @@ class _SwitchbackMatmul(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             gq, sg = quantize_reference(dy, grad_dtype, -1)  # (M, N), (M, 1)
-            wq_t, sw_t = quantize_reference(weight.t().contiguous(), lowp_dtype, -1)  # (K, N), (K, 1): per input channel
+            wq_t, sw_t = quantize_reference(weight.t().contiguous(), lowp_dtype, -1)  # (K, N), (K, 1): per input
             dx = scaled_mm_rows(gq, wq_t, sg, sw_t, out_dtype).to(x.dtype)  # (M, K)
         if ctx.needs_input_grad[1]:
             dw = (dy.to(out_dtype).t() @ x.to(out_dtype)).to(weight.dtype)  # (N, K): contracts over the tokens

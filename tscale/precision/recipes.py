@@ -66,5 +66,6 @@ def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = Fa
         return Recipe("int8_rowwise+int8_backward", torch.int8, torch.int8, rowwise=True)
     suffix = ("+fast_accum" if fp8_fast_accum else "") + ("+in_graph" if quantize_in_graph else "")
     if suffix:
-        return replace(recipe, name=name + suffix, fast_accum=fp8_fast_accum, in_graph=recipe.in_graph or quantize_in_graph)
+        return replace(recipe, name=name + suffix, fast_accum=fp8_fast_accum,
+                       in_graph=recipe.in_graph or quantize_in_graph)
     return recipe
