@@ -145,3 +145,19 @@ def test_speed_run_stopped_part_way_keeps_the_recipes_it_measured(tmp_path, monk
     record = json.loads((tmp_path / "lowprec.json").read_text())
     assert set(record["metrics"]) == {"train_tokens_per_s_bf16_tiny"} and record["metrics"]["train_tokens_per_s_bf16_tiny"] > 0
     assert record["notes"].endswith("measured: tiny bf16")
+
+
+def test_step_profile_sorts_kernels_into_kinds():
+    import lowprec_step_profile as sp
+
+    kinds = {name: sp.kind_of(name) for name in (
+        "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", "nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_TNT",
+        "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEEE",
+        "void tscale::fp8::(anonymous namespace)::cast_tiles_vec_kernel<float>(float const*)",
+        "triton_per_fused_native_layer_norm_0", "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<>",
+        "pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "void at::native::elementwise_kernel<128>")}
+    assert list(kinds.values()) == ["matmul", "lowp_matmul", "lowp_matmul", "quantize", "inductor", "optimizer",
+                                    "attention", "other"]
+    table = sp.summary({"nvjet_sm90_tst_a": 6.0, "triton_poi_fused_b": 3.0, "elementwise_c": 1.0}, top=2)
+    assert table["kernel_ms_per_step"] == 10.0 and table["product_share"] == 0.6
+    assert [name for name, _ in table["top_kernels_ms_per_step"]] == ["nvjet_sm90_tst_a", "triton_poi_fused_b"]

@@ -9,6 +9,8 @@
 #            the built tscale._C_cutlass goes to OUT_DIR/so/ for the next call
 #   quality  tokenize mix + code slice (.devdata/data) and train gpt2 124M on 100M tokens with
 #            int8_switchback, then bf16 (same seed and windows), `tscale eval` of each
+#   profile  kernel time per step by kind at 1.5B (lowprec_step_profile.py, compile default mode with
+#            train.compile_block_once to keep compiles short): bf16, int8_switchback, fp8_tensorwise
 # A tscale._C_cutlass built by an earlier call (.devdata/so/) is used instead of building it again.
 # Every step stops SECONDS (default 570) after the start.
 set -u -o pipefail
@@ -38,5 +40,9 @@ case $PART in
     timeout "$(left)" python3 scripts/bench/lowprec_train.py quality $tok --recipes int8_switchback bf16 \
       --work .cache/lowprec-quality --out-dir "$OUT/quality" 2>&1 | tee "$OUT/logs/quality.log" | grep -E "val loss|Error|failed"
     cp .cache/lowprec-quality/eval-*.json .cache/lowprec-quality/log.txt "$OUT/quality/" 2>/dev/null ;;
-  *) echo "switchback_runs.sh: unknown part '$PART' (speed or quality)"; exit 2 ;;
+  profile)
+    timeout "$(left)" python3 scripts/bench/lowprec_step_profile.py --size 1p5b --compile-block-once \
+      --recipes bf16 int8_switchback fp8_tensorwise --out "$OUT/lowprec_step_profile.json" 2>&1 \
+      | tee "$OUT/logs/profile.log" | grep -E "^==|Error" ;;
+  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality or profile)"; exit 2 ;;
 esac

@@ -1,0 +1,127 @@
+"""Where a training step's time goes per low-precision recipe: kernel time per step by kind, gpt2 at 124M or 1.5B.
+
+    python scripts/bench/lowprec_step_profile.py [--size 1p5b] [--recipes bf16 int8_switchback ...]
+        [--warmup 6] [--active 3] [--compile-block-once] [--out PATH]
+    add --tiny for a CPU smoke test (a 2-layer model, CPU operator times instead of kernels)
+
+For each recipe the real loop (tscale.train.loop.train_run, torch.compile in default mode, so
+that every kernel is visible; CUDA graphs would hide them) trains gpt2 of lowprec_train.py's
+shape on random ids; torch.profiler records `active` steps after `warmup`. Printed per recipe:
+the kernel time per step (the GPU's busy time) and its split into bf16 matrix products, int8 /
+fp8 products, Inductor's fused kernels (norms, activations, the quantisation the switchback
+recipes leave to it), tscale's quantize kernels, attention, the optimizer and the rest, with
+the top kernels. The share of the bf16 step spent in matrix products bounds what faster
+products can give: a step whose products take a share s of its time cannot run faster than
+1 / (1 - s + s / r) with products r times faster. Writes the tables to --out as JSON.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO  # noqa: E402
+from lowprec_train import RECIPES, SIZES, TINY, recipe_sets  # noqa: E402
+from train_throughput import random_token_folder  # noqa: E402
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
+
+from tscale.config import load_config  # noqa: E402
+from tscale.train.loop import train_run  # noqa: E402
+
+# kinds of kernel by substrings of their names; the first kind that matches wins. cuBLAS names its
+# fp8 kernels nvjet_sm90_q.../r... (e4m3 / e5m2 operands; bf16 ones nvjet_sm90_tst...); the only
+# CUTLASS kernels (device_kernel) are tscale's int8 products; scale_kernel is the int8 cuBLASLt
+# product's scaling pass; rowwise_kernel ... cast_tiles are tscale's quantize kernels (csrc/fp8).
+KINDS = (
+    ("quantize", ("rowwise_kernel", "amax_", "cast_tiles", "scales_kernel")),
+    ("lowp_matmul", ("nvjet_sm90_q", "nvjet_sm90_r", "cutlass13device_kernel", "e4m3", "e5m2", "imma", "i8i8",
+                     "_int_mm", "scale_kernel")),
+    ("attention", ("attention", "flash", "fmha", "attn", "sdpa", "cudnn")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "muon")),
+    ("matmul", ("gemm", "xmma", "nvjet", "cutlass", "sm90_", "sm80_", "wgmma", "ampere_", "cublas", "aten::mm",
+                "aten::addmm", "aten::bmm")),
+    ("inductor", ("triton", "cpp_fused")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def kernel_times(recipe: str, spec: dict, tokens: Path, warmup: int, active: int, once: bool,
+                 cuda: bool) -> dict[str, float]:
+    """Milliseconds per step of every kernel (CPU: operator, self time) over `active` profiled steps of the loop."""
+    config = REPO / spec["config"] if spec["config"] else None
+    sets = [*spec["sets"], *recipe_sets(recipe), f"train.steps={warmup + active + 1}", "train.eval_every=0",
+            "train.ckpt_every=0", "train.log_every=1000", f'data.tokens="{tokens}"']
+    if cuda:
+        sets += ["train.compile=true", 'train.compile_mode="default"'] + (["train.compile_block_once=true"] if once else [])
+    cfg = load_config(config, sets)
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    prof = profile(activities=[activity], schedule=schedule(wait=warmup - 1, warmup=1, active=active, repeat=1))
+    with tempfile.TemporaryDirectory() as tmp, prof:
+        train_run(cfg, Path(tmp) / "run", quiet=True, on_step=lambda step, model: prof.step())
+    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if event.device_type == device and us > 0 and not event.key.startswith("ProfilerStep"):
+            times[event.key] = times.get(event.key, 0.0) + us / 1e3 / active
+    return times
+
+
+def summary(times: dict[str, float], top: int) -> dict:
+    kinds: dict[str, float] = {}
+    for name, ms in times.items():
+        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
+    busy = sum(times.values())
+    return {"kernel_ms_per_step": round(busy, 3), "kind_ms_per_step": {k: round(v, 3) for k, v in kinds.items()},
+            "product_share": round((kinds.get("matmul", 0.0) + kinds.get("lowp_matmul", 0.0)) / busy, 4) if busy else 0.0,
+            "top_kernels_ms_per_step": [[n, round(ms, 4)] for n, ms in sorted(times.items(), key=lambda kv: -kv[1])[:top]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1p5b", choices=list(SIZES))
+    ap.add_argument("--recipes", nargs="+", default=["bf16", "int8_switchback", "fp8_tensorwise"], choices=RECIPES)
+    ap.add_argument("--warmup", type=int, default=6, help="steps before profiling (compile included)")
+    ap.add_argument("--active", type=int, default=3, help="profiled steps")
+    ap.add_argument("--compile-block-once", action="store_true", help="train.compile_block_once (shorter compiles)")
+    ap.add_argument("--top", type=int, default=15, help="kernels printed per recipe")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "lowprec_step_profile.json")
+    args = ap.parse_args()
+    cuda = not args.tiny
+    if cuda and not torch.cuda.is_available():
+        sys.exit("lowprec_step_profile.py: needs a CUDA GPU (or --tiny)")
+    spec = TINY if args.tiny else SIZES[args.size]
+    report = {"size": "tiny" if args.tiny else args.size, "compile_block_once": args.compile_block_once, "recipes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = load_config(REPO / spec["config"] if spec["config"] else None, spec["sets"])
+        tokens = random_token_folder(Path(tmp) / "tokens", (args.warmup + args.active + 3) * shape.train.batch_size
+                                     * (shape.model.seq_len + 1))
+        for recipe in args.recipes:
+            table = summary(kernel_times(recipe, spec, tokens, args.warmup, args.active, args.compile_block_once, cuda),
+                            args.top)
+            report["recipes"][recipe] = table
+            kinds = sorted(table["kind_ms_per_step"].items(), key=lambda kv: -kv[1])
+            print(f"== {recipe}: {table['kernel_ms_per_step']:.2f} ms per step, products {table['product_share']:.1%}; "
+                  + ", ".join(f"{k} {ms:.2f}" for k, ms in kinds), flush=True)
+            for name, ms in table["top_kernels_ms_per_step"]:
+                print(f"  {ms:8.3f} ms  {kind_of(name):11s} {name[:100]}", flush=True)
+            if cuda:
+                torch.cuda.empty_cache()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = args.out.with_suffix(".tmp")
+    tmp_out.write_text(json.dumps(report, indent=1) + "\n")
+    tmp_out.replace(args.out)
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
