@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO  # noqa: E402
+from lowprec_project import kernel_class  # noqa: E402
 from lowprec_train import RECIPES, SIZES, TINY, recipe_sets  # noqa: E402
 from train_throughput import random_token_folder  # noqa: E402
 
@@ -32,25 +33,28 @@ from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 from tscale.config import load_config  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
-# kinds of kernel by substrings of their names; the first kind that matches wins. cuBLAS names its
-# fp8 kernels nvjet_sm90_q.../r... (e4m3 / e5m2 operands; bf16 ones nvjet_sm90_tst...); the only
-# CUTLASS kernels (device_kernel) are tscale's int8 products; scale_kernel is the int8 cuBLASLt
-# product's scaling pass; rowwise_kernel ... cast_tiles are tscale's quantize kernels (csrc/fp8).
+# kinds of kernel besides the products, by substrings of their names, tried in this order before
+# the products (lowprec_project.kernel_class); rowwise_kernel ... cast_tiles are tscale's quantize
+# kernels (csrc/fp8); aten:: names are the CPU operators of --tiny
 KINDS = (
     ("quantize", ("rowwise_kernel", "amax_", "cast_tiles", "scales_kernel")),
-    ("lowp_matmul", ("nvjet_sm90_q", "nvjet_sm90_r", "cutlass13device_kernel", "e4m3", "e5m2", "imma", "i8i8",
-                     "_int_mm", "scale_kernel")),
     ("attention", ("attention", "flash", "fmha", "attn", "sdpa", "cudnn")),
     ("optimizer", ("adam", "multi_tensor", "foreach", "muon")),
-    ("matmul", ("gemm", "xmma", "nvjet", "cutlass", "sm90_", "sm80_", "wgmma", "ampere_", "cublas", "aten::mm",
-                "aten::addmm", "aten::bmm")),
-    ("inductor", ("triton", "cpp_fused")),
 )
+CPU_PRODUCTS = {"aten::mm": "matmul", "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::_int_mm": "lowp_matmul"}
 
 
 def kind_of(name: str) -> str:
+    """quantize, attention, optimizer, matmul (bf16 products), lowp_matmul (fp8 / int8), inductor or other."""
     low = name.lower()
-    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    product = CPU_PRODUCTS.get(name) or {"bf16": "matmul", "fp8": "lowp_matmul", "int8": "lowp_matmul"}.get(
+        kernel_class(name))
+    if product:
+        return product
+    return "inductor" if ("triton" in low or "cpp_fused" in low) else "other"
 
 
 def kernel_times(recipe: str, spec: dict, tokens: Path, warmup: int, active: int, once: bool,
@@ -60,7 +64,8 @@ def kernel_times(recipe: str, spec: dict, tokens: Path, warmup: int, active: int
     sets = [*spec["sets"], *recipe_sets(recipe), f"train.steps={warmup + active + 1}", "train.eval_every=0",
             "train.ckpt_every=0", "train.log_every=1000", f'data.tokens="{tokens}"']
     if cuda:
-        sets += ["train.compile=true", 'train.compile_mode="default"'] + (["train.compile_block_once=true"] if once else [])
+        once_sets = ["train.compile_block_once=true"] if once else []
+        sets += ["train.compile=true", 'train.compile_mode="default"', *once_sets]
     cfg = load_config(config, sets)
     activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
     prof = profile(activities=[activity], schedule=schedule(wait=warmup - 1, warmup=1, active=active, repeat=1))
@@ -80,9 +85,11 @@ def summary(times: dict[str, float], top: int) -> dict:
     for name, ms in times.items():
         kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
     busy = sum(times.values())
+    products = kinds.get("matmul", 0.0) + kinds.get("lowp_matmul", 0.0)
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
     return {"kernel_ms_per_step": round(busy, 3), "kind_ms_per_step": {k: round(v, 3) for k, v in kinds.items()},
-            "product_share": round((kinds.get("matmul", 0.0) + kinds.get("lowp_matmul", 0.0)) / busy, 4) if busy else 0.0,
-            "top_kernels_ms_per_step": [[n, round(ms, 4)] for n, ms in sorted(times.items(), key=lambda kv: -kv[1])[:top]]}
+            "product_share": round(products / busy, 4) if busy else 0.0,
+            "top_kernels_ms_per_step": [[n, round(ms, 4)] for n, ms in ranked]}
 
 
 def main() -> None:
