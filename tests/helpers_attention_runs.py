@@ -4,7 +4,7 @@ a tiny tscale model trained once per train.attention choice, and the inputs of t
 
 import torch
 
-from tscale.ops import attention_fa2
+from tscale.ops import attention_fa2, doc_runs
 from tscale.ops.attention import attention_reference
 
 
@@ -16,7 +16,7 @@ def compare_over_runs(window, docs, sink, device="cpu", dtype=torch.float64, tol
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, T, H, D, generator=g, dtype=torch.float64) for _ in range(4))
     opens = torch.rand(B, T, generator=g) < doc_rate if docs else None
-    runs = attention_fa2.doc_runs(opens, B, T, bucket=4, backend=backend).to(device)
+    runs = doc_runs.doc_runs(opens, B, T, bucket=4, backend=backend).to(device)
     leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
     out = over_runs(*leaves, runs, window=window, sink=sink, scale=D ** -0.5)  # (B, T, H, D)
     got = (out, *torch.autograd.grad(out, leaves, do.to(device, dtype)))

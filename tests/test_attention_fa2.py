@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers_attention_runs import compare_over_runs, tiny_tscale_args, train_each
-from tscale.ops import attention_fa2, attention_runs
+from tscale.ops import attention_fa2, attention_runs, doc_runs
 
 
 def _visible(cu, max_len, left, T_total):
@@ -70,18 +70,18 @@ def test_cuda_flash_attention_matches_the_reference(window, docs, sink):
 
 def test_runs_open_at_row_starts_and_documents_and_pad_with_empty_runs():
     opens = torch.tensor([[False, False, True, False, False], [False, False, False, False, False]])
-    runs = attention_fa2.doc_runs(opens, 2, 5, bucket=4)
+    runs = doc_runs.doc_runs(opens, 2, 5, bucket=4)
     assert runs.cu.tolist() == [0, 2, 5, 10, 10] and runs.cu.dtype == torch.int32
     assert runs.max_len == 5  # T, whatever the runs: a static bound for torch.compile
-    runs = attention_fa2.doc_runs(None, 3, 4, bucket=64)
+    runs = doc_runs.doc_runs(None, 3, 4, bucket=64)
     assert runs.cu.tolist()[:3] == [0, 4, 8] and len(runs.cu) == 65 and set(runs.cu.tolist()[3:]) == {12}
     assert runs.max_len == 4
 
 
 def test_runs_of_doc_ids_open_where_the_id_changes():
     doc_ids = torch.tensor([[3, 3, 4, 4, 4], [7, 7, 7, 7, 7]])
-    assert attention_fa2.runs_of_doc_ids(doc_ids, 2, 5).cu.tolist()[:4] == [0, 2, 5, 10]
-    assert attention_fa2.runs_of_doc_ids(None, 2, 5).cu.tolist()[:3] == [0, 5, 10]
+    assert doc_runs.runs_of_doc_ids(doc_ids, 2, 5).cu.tolist()[:4] == [0, 2, 5, 10]
+    assert doc_runs.runs_of_doc_ids(None, 2, 5).cu.tolist()[:3] == [0, 5, 10]
 
 
 def test_unusable_reasons_name_what_is_missing():

@@ -31,7 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import tscale.model.tscale_lm as tscale_lm
 from common import time_per_call
-from tscale.ops.attention_fa2 import DocRuns, runs_of_doc_ids
+from tscale.ops.doc_runs import DocRuns, runs_of_doc_ids
 from tscale.ops.attention_runs import DESCRIBED, attention_over_runs, parse_choice
 
 

@@ -41,7 +41,8 @@ from common import REPO, write_record  # noqa: E402
 
 from tscale.ops.attention import (_compiled_flex, attention_kernel, attention_reference, flex_inputs,  # noqa: E402
                                   kernel_unusable_reason)
-from tscale.ops.attention_fa2 import attention_fa2, runs_of_doc_ids  # noqa: E402
+from tscale.ops.attention_fa2 import attention_fa2  # noqa: E402
+from tscale.ops.doc_runs import runs_of_doc_ids  # noqa: E402
 
 TOKENS = 32768
 D = 128

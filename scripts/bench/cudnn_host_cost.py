@@ -15,7 +15,7 @@ import time
 import torch
 
 from tscale.ops.attention_cudnn import attention_cudnn, cudnn_unusable_reason
-from tscale.ops.attention_fa2 import doc_runs
+from tscale.ops.doc_runs import doc_runs
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from tscale.model.index_adapter import check_features, embed_inputs, head_output
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
 from tscale.ops.attention import attention
-from tscale.ops.attention_fa2 import DocRuns
+from tscale.ops.doc_runs import DocRuns
 from tscale.ops.attention_runs import attention_over_runs
 
 VOCAB_MULTIPLE = 64
@@ -185,7 +185,7 @@ class TScaleLM(nn.Module):
                 loss_targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
 
-        runs: idx's document runs (tscale.ops.attention_fa2.doc_runs, by the model.doc_mask rule),
+        runs: idx's document runs (tscale.ops.doc_runs.doc_runs, by the model.doc_mask rule),
         to run attention through FlashAttention-2 or cuDNN (runs.backend) in the layers they serve (all, or
         the global ones);
         training steps only (no cache).

@@ -4,7 +4,7 @@ An alternative to the fused kernel of csrc/attention for training steps on Hoppe
 (`train.attention = "cudnn_global"`: the global layers; "cudnn": every layer), through the cuDNN
 frontend's graph API (the `nvidia-cudnn-frontend` package, `pip install -e ".[hopper]"`), which
 runs cuDNN's wgmma kernels. The mask maps onto it as:
-  documents  a ragged batch: one sequence per document run of the batch (tscale.ops.attention_fa2's
+  documents  a ragged batch: one sequence per document run of the batch (tscale.ops.doc_runs'
              DocRuns, built on the host), the packed (tokens, H, D) tensors addressed through
              per-sequence offsets, the lengths as a padding mask; the empty runs that pad the
              run count to a bucket are sequences of length 0;
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from tscale.ops.attention_fa2 import DocRuns
+from tscale.ops.doc_runs import DocRuns
 
 
 def cudnn_unusable_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:

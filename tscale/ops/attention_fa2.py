@@ -4,22 +4,19 @@ An alternative to the fused kernel of csrc/attention for training steps (`train.
 "fa2"`, or "fa2_global" for the global layers alone), built on aten::_flash_attention_forward /
 _backward. The mask maps onto it as:
   documents  a variable-length batch, one sequence per document run of each batch row
-             (`doc_runs`, computed on the host from the batch's token ids before it goes to
+             (tscale.ops.doc_runs, computed on the host from the batch's token ids before it goes to
              the GPU, so no step waits on a device-to-host copy);
   window     window_size_left = window - 1 (FlashAttention counts the keys before the query);
   sink       y = o * sigmoid(lse) forward. The backward runs FlashAttention's own kernel with the
              gradient s * dy and the output y in place of o: its dS = P (dP - rowsum(dO * O))
              then equals the null slot's softmax gradient exactly (docs/architecture.md).
 q, k, v come in the (B, T, H, D) layout the model's qkv projection makes, which is the (tokens,
-H, D) layout FlashAttention wants: no transposes. The run offsets are padded with empty
-sequences to a multiple of RUN_BUCKET, so torch.compile and CUDA graphs see few shapes.
+H, D) layout FlashAttention wants: no transposes.
 """
-
-from dataclasses import dataclass
 
 import torch
 
-RUN_BUCKET = 64  # run counts are padded up to a multiple of this (empty sequences cost FlashAttention nothing)
+from tscale.ops.doc_runs import DocRuns
 
 
 def flash_forward(*args, **kwargs):
@@ -30,56 +27,6 @@ def flash_forward(*args, **kwargs):
 def flash_backward(*args, **kwargs):
     """aten::_flash_attention_backward."""
     return torch.ops.aten._flash_attention_backward(*args, **kwargs)
-
-
-@dataclass
-class DocRuns:
-    """The sequences of a (B, T) batch for FlashAttention's varlen form: offsets (N + 1,) int32, and the bound on
-    their length FlashAttention sizes its grid by: T, whatever the batch (a per-batch value would make
-    torch.compile specialise on it and recompile every step). `windowed`: whether the sliding-window layers take
-    the runs' attention too (False: only the global layers do, the windowed ones keep tscale.ops.attention).
-    `backend`: which attention runs over them: "fa2" (attention_fa2) or "cudnn" (tscale.ops.attention_cudnn)."""
-
-    cu: torch.Tensor
-    max_len: int
-    windowed: bool = True
-    backend: str = "fa2"
-
-    def serves(self, window: int) -> bool:
-        """Whether a layer of this window (0: the whole context) runs the runs' attention (not tscale.ops.attention)."""
-        return self.windowed or not window
-
-    def to(self, device, non_blocking: bool = False) -> "DocRuns":
-        """On `device`; non_blocking to a GPU copies from pinned memory (from pageable memory CUDA would first wait
-        for the stream's queued work, and the host could no longer run ahead of the GPU)."""
-        cu = self.cu.pin_memory() if non_blocking and torch.device(device).type == "cuda" else self.cu
-        return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len, self.windowed, self.backend)
-
-
-def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET, windowed: bool = True,
-             backend: str = "fa2") -> DocRuns:
-    """The runs of a (B, T) batch: opens (B, T) bool, True where a document opens (the model's rule: at an
-    eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
-    at 0. Offsets padded with empty runs to a multiple of `bucket`; max_len is T; windowed, backend as DocRuns."""
-    new = torch.zeros(B, T, dtype=torch.bool)
-    new[:, 0] = True
-    if opens is not None:
-        new |= opens.cpu()
-    starts = new.flatten().nonzero().flatten()  # (N,)
-    n = starts.numel()
-    cu = torch.full((-(-n // bucket) * bucket + 1,), B * T, dtype=torch.int32)
-    cu[:n] = starts.to(torch.int32)
-    return DocRuns(cu, T, windowed, backend)
-
-
-def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, backend: str = "fa2") -> DocRuns:
-    """doc_runs of document ids (B, T) as tscale.ops.attention takes them (None: one run per row): a run
-    opens where the id changes."""
-    opens = None
-    if doc_ids is not None:
-        opens = torch.zeros(B, T, dtype=torch.bool)
-        opens[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).cpu()
-    return doc_runs(opens, B, T, backend=backend)
 
 
 class _FlashMasked(torch.autograd.Function):
@@ -133,4 +80,4 @@ def fa2_unusable_reason(device: torch.device, dtype: torch.dtype, head_dim: int)
     return None
 
 
-__all__ = ["DocRuns", "attention_fa2", "doc_runs", "fa2_unusable_reason", "runs_of_doc_ids"]
+__all__ = ["attention_fa2", "fa2_unusable_reason"]

@@ -9,7 +9,8 @@ train.attention = "<backend>" runs every layer through the backend's op over the
 import torch
 
 from tscale.ops.attention_cudnn import attention_cudnn, cudnn_unusable_reason
-from tscale.ops.attention_fa2 import DocRuns, attention_fa2, fa2_unusable_reason
+from tscale.ops.attention_fa2 import attention_fa2, fa2_unusable_reason
+from tscale.ops.doc_runs import DocRuns
 
 DESCRIBED = {"fa2": "torch's FlashAttention-2", "cudnn": "cuDNN's attention"}  # backend -> what it runs
 _OPS = {"fa2": attention_fa2, "cudnn": attention_cudnn}

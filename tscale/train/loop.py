@@ -37,7 +37,7 @@ from tscale.model import build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
 from tscale.ops import attention_runs
-from tscale.ops.attention_fa2 import DocRuns, doc_runs
+from tscale.ops.doc_runs import DocRuns, doc_runs
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears_as_configured

@@ -1,0 +1,68 @@
+"""The document runs of a training batch: the variable-length layout that FlashAttention-2 and cuDNN attend over.
+
+A run is a stretch of one batch row inside one document; the runs of a (B, T) batch, laid end to
+end, are the batch's B * T tokens, so the offsets of their starts describe the whole mask of
+documents (tscale/ops/attention_fa2.py and attention_cudnn.py take them). They are computed on
+the host from the batch's token ids before it goes to the GPU, so no step waits on a
+device-to-host copy, and padded with empty runs to a multiple of RUN_BUCKET, so torch.compile
+and CUDA graphs see few shapes.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+RUN_BUCKET = 64  # run counts are padded up to a multiple of this (empty sequences cost the kernels nothing)
+
+
+@dataclass
+class DocRuns:
+    """The runs of a (B, T) batch as varlen offsets: cu (N + 1,) int32, and the bound on their length the
+    kernels size their grids by: T, whatever the batch (a per-batch value would make
+    torch.compile specialise on it and recompile every step). `windowed`: whether the sliding-window layers take
+    the runs' attention too (False: only the global layers do, the windowed ones keep tscale.ops.attention).
+    `backend`: which attention runs over them: "fa2" (tscale.ops.attention_fa2) or "cudnn" (attention_cudnn)."""
+
+    cu: torch.Tensor
+    max_len: int
+    windowed: bool = True
+    backend: str = "fa2"
+
+    def serves(self, window: int) -> bool:
+        """Whether a layer of this window (0: the whole context) runs the runs' attention (not tscale.ops.attention)."""
+        return self.windowed or not window
+
+    def to(self, device, non_blocking: bool = False) -> "DocRuns":
+        """On `device`; non_blocking to a GPU copies from pinned memory (from pageable memory CUDA would first wait
+        for the stream's queued work, and the host could no longer run ahead of the GPU)."""
+        cu = self.cu.pin_memory() if non_blocking and torch.device(device).type == "cuda" else self.cu
+        return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len, self.windowed, self.backend)
+
+
+def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET, windowed: bool = True,
+             backend: str = "fa2") -> DocRuns:
+    """The runs of a (B, T) batch: opens (B, T) bool, True where a document opens (the model's rule: at an
+    eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
+    at 0. Offsets padded with empty runs to a multiple of `bucket`; max_len is T; windowed, backend as DocRuns."""
+    new = torch.zeros(B, T, dtype=torch.bool)
+    new[:, 0] = True
+    if opens is not None:
+        new |= opens.cpu()
+    starts = new.flatten().nonzero().flatten()  # (N,)
+    n = starts.numel()
+    cu = torch.full((-(-n // bucket) * bucket + 1,), B * T, dtype=torch.int32)
+    cu[:n] = starts.to(torch.int32)
+    return DocRuns(cu, T, windowed, backend)
+
+
+def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, backend: str = "fa2") -> DocRuns:
+    """doc_runs of document ids (B, T) as tscale.ops.attention takes them (None: one run per row): a run
+    opens where the id changes."""
+    opens = None
+    if doc_ids is not None:
+        opens = torch.zeros(B, T, dtype=torch.bool)
+        opens[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).cpu()
+    return doc_runs(opens, B, T, backend=backend)
+
+
+__all__ = ["RUN_BUCKET", "DocRuns", "doc_runs", "runs_of_doc_ids"]
