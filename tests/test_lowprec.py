@@ -264,6 +264,21 @@ def test_in_graph_route_needs_fp8_tensorwise():
         load_config(None, ['precision.recipe="fp8_rowwise"', "precision.quantize_in_graph=true"])
 
 
+def _eager_and_compiled_grads(model, idx, backend: str) -> tuple[list, list]:
+    """The parameters' gradients of one bf16-autocast step of `model` on idx (B, T), eager and torch.compile'd."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        with torch.autocast(idx.device.type, dtype=torch.bfloat16):
+            loss = run(idx).float().square().mean()  # (B, T, V) logits -> ()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads[0], grads[1]
+
+
 @pytest.mark.parametrize("name", list(TOLERANCE))
 def test_converted_model_compiles_as_one_graph_and_matches_eager(name):
     """No graph break and one compilation for all the layers' shapes: the products' dispatch stays inside the op."""
@@ -274,18 +289,9 @@ def test_converted_model_compiles_as_one_graph_and_matches_eager(name):
     model = build_model(ModelConfig(arch="gpt2", n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=100, eos_id=0))
     convert_linears(model, _recipe(name))
     idx = torch.randint(0, 100, (2, 16))
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    grads = []
-    for run in (model, compiled):
-        model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = run(idx).float().square().mean()  # (B, T, V) logits -> ()
-        loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    for eager, comp in zip(*grads):
-        torch.testing.assert_close(comp, eager, rtol=0, atol=0)
+    eager, compiled = _eager_and_compiled_grads(model, idx, backend="aot_eager")
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e, rtol=0, atol=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
@@ -458,18 +464,10 @@ def test_cuda_switchback_model_under_inductor_matches_eager(name):
                                     eos_id=0)).cuda()
     assert len(convert_linears(model, name)) == 8
     idx = torch.randint(0, 256, (4, 64), device="cuda")
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True)
-    grads = []
-    for run in (model, compiled):
-        model.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = run(idx).float().square().mean()  # (B, T, V) logits -> ()
-        loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    assert all(g.abs().sum() > 0 for g in grads[1])
-    for eager, comp in zip(*grads):
-        assert _rel(comp, eager) < 0.02
+    eager, compiled = _eager_and_compiled_grads(model, idx, backend="inductor")
+    assert all(g.abs().sum() > 0 for g in compiled)
+    for e, c in zip(eager, compiled):
+        assert _rel(c, e) < 0.02
 
 
 @CUDA

@@ -14,14 +14,13 @@ Writes the tables as JSON to --out (the default: docs/bench/arch_profile.json).
 """
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arch_speed import ARCHS, EXTRA  # noqa: E402
-from common import REPO  # noqa: E402
+from common import REPO, write_json  # noqa: E402
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
@@ -108,10 +107,7 @@ def main() -> None:
         report[arch] = {"kernel_ms_per_step": round(busy, 3), "optimizer_step_ms": round(opt, 3),
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, report)
     print(f"-> {args.out}")
 
 

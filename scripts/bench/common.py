@@ -35,6 +35,14 @@ def measurement_stamp() -> str:
     return f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
 
 
+def write_json(path: Path, data) -> None:
+    """data as indented JSON at path, written whole or not at all (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def write_record(name: str, metrics: dict, notes: str, out_dir: Path, header: dict | None = None) -> Path:
     """docs/bench/NAME.json in the schema of DESIGN.md; a re-run replaces it.
 

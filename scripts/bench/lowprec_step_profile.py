@@ -16,13 +16,12 @@ products can give: a step whose products take a share s of its time cannot run f
 """
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO  # noqa: E402
+from common import REPO, write_json  # noqa: E402
 from lowprec_project import kernel_class  # noqa: E402
 from lowprec_train import RECIPES, SIZES, TINY, recipe_sets  # noqa: E402
 from train_throughput import random_token_folder  # noqa: E402
@@ -123,10 +122,7 @@ def main() -> None:
                 print(f"  {ms:8.3f} ms  {kind_of(name):11s} {name[:100]}", flush=True)
             if cuda:
                 torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".tmp")
-    tmp_out.write_text(json.dumps(report, indent=1) + "\n")
-    tmp_out.replace(args.out)
+    write_json(args.out, report)
     print(f"-> {args.out}")
 
 
