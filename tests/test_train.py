@@ -109,6 +109,19 @@ def test_compile_mode_reaches_torch_compile(tokens, tmp_path, monkeypatch):
         tiny_cfg(tokens, "train.compile=true", 'train.compile_mode="reduce-overhead"', "train.grad_accum=2")
 
 
+def test_compile_block_once_reaches_the_model(tokens, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: fn)
+    seen = []
+    cfg = tiny_cfg(tokens, "train.steps=2", "train.compile=true", "train.compile_block_once=true")
+    train_run(cfg, tmp_path / "r", on_step=lambda step, model: seen.append(model.compile_block_once))
+    assert seen == [True, True]
+    printed = capsys.readouterr()
+    assert "one block traced for all" in printed.err + printed.out
+    train_run(tiny_cfg(tokens, "train.steps=1"), tmp_path / "p", quiet=True,
+              on_step=lambda step, model: seen.append(model.compile_block_once))
+    assert seen[-1] is False
+
+
 def test_rate_counts_the_wait_for_the_device(tokens, tmp_path, monkeypatch):
     """tokens/s is timed to the moment the device has finished the logged steps, not when the host queued them.
 

@@ -265,6 +265,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                   f"on {device}{' (bf16 autocast)' if amp_dtype else ''}, {tokens_per_step:,} tokens/step, "
                   f"steps {step}..{cfg.train.steps}{replicas.describe()}; ops: {ops_backend()}{_attention_note(cfg)}"
                   f"{_index_note(cfg)}")
+    if cfg.train.compile:
+        progress.note(f"torch.compile ({cfg.train.compile_mode} mode, "
+                      f"{'one block traced for all' if cfg.train.compile_block_once else 'every block traced'}): "
+                      f"the first step includes compiling it")
 
     def zeros() -> torch.Tensor:
         return torch.zeros(cfg.train.batch_size, cfg.model.seq_len, dtype=torch.long, device=device)  # (B, T)
