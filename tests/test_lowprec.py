@@ -244,6 +244,27 @@ def test_switchback_products_are_the_recipes(name, dtype):
     torch.testing.assert_close(wa.grad, g.t() @ x, rtol=1e-5, atol=1e-5)
 
 
+def test_switchback_quantisation_fuses_into_the_norm_and_activation_kernels():
+    """What the switchback recipes are for: Inductor (its CPU code here) casts each row where the norm or the
+    activation function writes it, instead of in passes of its own."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from tscale.config import ModelConfig
+    from tscale.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="gpt2", n_layer=1, n_head=2, d_model=64, seq_len=32, vocab_size=128, eos_id=0))
+    convert_linears(model, "int8_switchback")
+    torch._dynamo.reset()
+    forward = torch.compile(lambda i: model(i, loss_targets=i))
+    _, code = run_and_get_code(forward, torch.randint(0, 128, (2, 32)))
+    kernels = set(re.findall(r"cpp_fused\w*", "\n".join(code)))  # Inductor names a kernel after the ops it fuses
+    assert any("native_layer_norm" in k and "round" in k for k in kernels), sorted(kernels)
+    assert any("gelu" in k and "round" in k for k in kernels), sorted(kernels)
+
+
 def test_switchback_recipes_always_quantise_in_the_graph():
     from tscale.errors import UserError
 
