@@ -29,7 +29,7 @@ python3 -c "import torch, tscale.ops.lowprec as l; print('cutlass int8:', l._cut
 case $PART in
   speed)
     timeout "$(left)" python3 -m pytest -q tests/test_lowprec.py -k "cuda and (switchback or function_matches or fast_products)" \
-      2>&1 | tail -5
+      2>&1 | tee "$OUT/logs/tests.log" | tail -5
     timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
       --recipes bf16 int8_switchback fp8_switchback int8_rowwise --out-dir "$OUT/speed" 2>&1 | tee "$OUT/logs/speed.log" \
       | grep -E "tokens/s|NOT RECORDED|Error" ;;
