@@ -13,6 +13,7 @@ import torch
 
 from tscale.config import load_config
 from tscale.data.tokenize import tokenize_corpus
+from tscale.errors import UserError
 from tscale.train.checkpoint import checkpoint_dirs
 from tscale.train.loop import train_run
 
@@ -120,6 +121,11 @@ def test_compile_block_once_reaches_the_model(tokens, tmp_path, monkeypatch, cap
     train_run(tiny_cfg(tokens, "train.steps=1"), tmp_path / "p", quiet=True,
               on_step=lambda step, model: seen.append(model.compile_block_once))
     assert seen[-1] is False
+    from tscale.model import block_region
+
+    monkeypatch.setattr(block_region, "AVAILABLE", False)  # a torch without nested_compile_region
+    with pytest.raises(UserError, match="nested_compile_region; set train.compile_block_once = false"):
+        train_run(cfg, tmp_path / "old", quiet=True)
 
 
 def test_rate_counts_the_wait_for_the_device(tokens, tmp_path, monkeypatch):

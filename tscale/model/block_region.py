@@ -13,8 +13,13 @@ decoding step (KV cache) calls the blocks directly.
 import torch
 import torch.nn as nn
 
+_nested_compile_region = getattr(torch.compiler, "nested_compile_region", None)
+AVAILABLE = _nested_compile_region is not None  # whether this torch can compile a region once
 
-@torch.compiler.nested_compile_region
-def train_block(block: nn.Module, *args) -> torch.Tensor:
+
+def _train_block(block: nn.Module, *args) -> torch.Tensor:
     """block.train_forward(*args): the block's training-step forward, compiled once per block structure."""
     return block.train_forward(*args)
+
+
+train_block = _nested_compile_region(_train_block) if AVAILABLE else _train_block

@@ -33,7 +33,7 @@ from tscale.errors import UserError
 from tscale.fileio import write_text_atomic
 from tscale.index.features import StoredFeatures
 from tscale.index.mixing import IndexFeatures
-from tscale.model import build_model
+from tscale.model import block_region, build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
 from tscale.ops import attention_runs
@@ -185,6 +185,9 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     features = open_features(cfg, folder)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.index).to(device)
+    if cfg.train.compile_block_once and not block_region.AVAILABLE:
+        raise UserError(f"train.compile_block_once: this torch ({torch.__version__}) has no "
+                        f"torch.compiler.nested_compile_region; set train.compile_block_once = false")
     model.compile_block_once = cfg.train.compile_block_once  # traced once, reused by every block (block_region.py)
     converted = convert_linears_as_configured(model, cfg.precision)
     if cfg.train.fused_loss and cfg.index.enabled:
