@@ -79,3 +79,25 @@ def test_low_precision_blocks_compile_once_too(recipe):
     torch.testing.assert_close(loss_once, loss_full, rtol=1e-6, atol=1e-6)
     for a, b in zip(grads_once, grads_full):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_cuda_blocks_compiled_once_by_inductor_match_the_whole_graph(arch):
+    """Inductor's code for one block, reused: the same bf16 step as the whole-step graph, up to rounding."""
+    model = _model(arch, 4).cuda()
+    idx = torch.randint(1, 128, (2, 32), device="cuda")
+    idx[:, 10] = 0
+    results = []
+    for once in (False, True):
+        model.compile_block_once = once
+        model.zero_grad()
+        torch._dynamo.reset()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.compile(lambda i: model(i, loss_targets=i), fullgraph=True)(idx)
+        loss.backward()
+        results.append((loss.detach().float(), [p.grad.float().clone() for p in model.parameters()]))
+    (loss_full, grads_full), (loss_once, grads_once) = results
+    torch.testing.assert_close(loss_once, loss_full, rtol=1e-2, atol=1e-2)
+    for a, b in zip(grads_once, grads_full):
+        assert ((a - b).norm() / b.norm().clamp_min(1e-12)).item() < 0.05

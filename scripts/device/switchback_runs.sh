@@ -11,6 +11,9 @@
 #            int8_switchback, then bf16 (same seed and windows), `tscale eval` of each
 #   profile  kernel time per step by kind at 1.5B (lowprec_step_profile.py, compile default mode with
 #            train.compile_block_once to keep compiles short): bf16, int8_switchback, fp8_tensorwise
+#   once     the CUDA tests of the switchback recipes and of train.compile_block_once, then the 1.5B
+#            speed of bf16, int8_switchback and fp8_switchback with train.compile_block_once (CUDA
+#            graphs): its compile time and its rates beside the whole-graph ones of the speed part
 # A tscale._C_cutlass built by an earlier call (.devdata/so/) is used instead of building it again.
 # Every step stops SECONDS (default 570) after the start.
 set -u -o pipefail
@@ -44,5 +47,11 @@ case $PART in
     timeout "$(left)" python3 scripts/bench/lowprec_step_profile.py --size 1p5b --compile-block-once \
       --recipes bf16 int8_switchback fp8_tensorwise --out "$OUT/lowprec_step_profile.json" 2>&1 \
       | tee "$OUT/logs/profile.log" | grep -E "^==|Error" ;;
-  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality or profile)"; exit 2 ;;
+  once)
+    timeout "$(left)" python3 -m pytest -q tests/test_lowprec.py tests/test_block_region.py \
+      -k "cuda and (switchback or once or function_matches)" 2>&1 | tee "$OUT/logs/tests.log" | tail -5
+    timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
+      --compile-block-once --recipes bf16 int8_switchback fp8_switchback --out-dir "$OUT/speed" 2>&1 \
+      | tee "$OUT/logs/speed-once.log" | grep -E "tokens/s|NOT RECORDED|Error" ;;
+  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality, profile or once)"; exit 2 ;;
 esac
