@@ -143,7 +143,8 @@ def test_speed_run_stopped_part_way_keeps_the_recipes_it_measured(tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         lowprec_train.speed(args, tmp_path)
     record = json.loads((tmp_path / "lowprec.json").read_text())
-    assert set(record["metrics"]) == {"train_tokens_per_s_bf16_tiny"} and record["metrics"]["train_tokens_per_s_bf16_tiny"] > 0
+    assert set(record["metrics"]) == {"train_tokens_per_s_bf16_tiny", "run_s_bf16_tiny"}
+    assert record["metrics"]["train_tokens_per_s_bf16_tiny"] > 0 and record["metrics"]["run_s_bf16_tiny"] > 0
     assert record["notes"].endswith("measured: tiny bf16")
 
 

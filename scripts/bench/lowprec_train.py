@@ -22,7 +22,8 @@ Both merge their metrics into docs/bench/lowprec.json (the other metrics stay):
 `{fp8,int8}_vs_bf16_train_speedup_{124m,1p5b}` (fp8 = fp8_tensorwise, int8 = int8_switchback: the
 recipe of each kind a user should train with; int8 was int8_rowwise until int8_switchback trained
 faster at 1.5B with its loss within the target),
-`train_tokens_per_s_<recipe>_<size>` and `train_speedup_<recipe>_<size>` for every recipe run
+`train_tokens_per_s_<recipe>_<size>`, `train_speedup_<recipe>_<size>` and `run_s_<recipe>_<size>` (the whole
+run's seconds: building, compiling and every step) for every recipe run
 (int8_rowwise_bwd: int8_rowwise with precision.int8_backward, all three products in int8;
 fp8_tensorwise_fastacc: fp8_tensorwise with precision.fp8_fast_accum; fp8_tensorwise_graph: fp8_tensorwise with
 precision.quantize_in_graph, its quantisation left to torch.compile; int8_switchback / fp8_switchback: the
@@ -35,6 +36,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -148,17 +150,20 @@ def speed(args, out_dir: Path) -> tuple[dict, Path | None]:
                                            "train.ckpt_every=0", f"train.log_every={log_every}", f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
                 moved = MovedCheck(args.warmup, args.warmup + args.steps)
+                t0 = time.perf_counter()
                 train_run(cfg, run, quiet=True, on_step=moved)
+                run_s = time.perf_counter() - t0  # the model's build and compilation, and every step
                 records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
                 if moved.frozen:  # a rate of steps that skipped work is no rate: say so, record nothing
                     print(f"{label} {recipe}: NOT RECORDED, {len(moved.frozen)} parameters did not move over the timed "
                           f"steps: {', '.join(moved.frozen[:6])}", flush=True)
                     continue
                 rates[recipe] = harmonic_rate(records, args.warmup)
-                print(f"{label} {recipe}: {rates[recipe]:,.0f} tokens/s", flush=True)
+                print(f"{label} {recipe}: {rates[recipe]:,.0f} tokens/s; whole run {run_s:.0f} s", flush=True)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
                 metrics.update(speedups(rates, label))
+                metrics[f"run_s_{recipe}_{label}"] = round(run_s, 1)
                 done.append(f"{label} {recipe}")
                 path = merge_metrics("lowprec", metrics, _speed_notes(args, sizes, done), out_dir)
     return metrics, path
