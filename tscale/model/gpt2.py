@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
-from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.block_region import train_block
+from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
 

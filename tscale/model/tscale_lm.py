@@ -24,8 +24,8 @@ from tscale.model.index_adapter import check_features, embed_inputs, head_output
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_mean_loss
 from tscale.ops.attention import attention
-from tscale.ops.doc_runs import DocRuns
 from tscale.ops.attention_runs import attention_over_runs
+from tscale.ops.doc_runs import DocRuns
 
 VOCAB_MULTIPLE = 64
 
