@@ -4,7 +4,7 @@
 #   source scripts/device/setup_env.sh LOG_DIR     (from the repository root)
 #
 # Installs .whl/*.whl and unpacks .whl/cutlass-*-headers.tar.xz (include/cutlass, include/cute and
-# tools/util/include of a CUTLASS release) for tscale._C_cutlass; a failed build of it is retried
+# tools/util/include of a CUTLASS release; scripts/device/cutlass_headers.sh makes it) for tscale._C_cutlass; a failed build of it is retried
 # without it. Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
 # machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++
 # statically made the tests segfault), MAX_JOBS and TORCH_CUDA_ARCH_LIST (this GPU's
