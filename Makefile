@@ -40,6 +40,7 @@ bench: install
 	$(PYTHON) scripts/bench/attention_kernel.py
 	$(PYTHON) scripts/bench/lowprec_gemm.py
 	$(PYTHON) scripts/bench/lowprec_train.py speed
+	$(PYTHON) scripts/bench/compile_time.py
 
 e2e: install
 	bash scripts/e2e.sh
