@@ -25,7 +25,7 @@ Every product is checked once against a float64 reference before it is timed (a 
 left out and named in the notes). TFLOP/s counts 2 M N K per product (6 M N K per layer step).
 Times come from CUDA events after warm-up (wall time on the CPU, for a smoke run with small --tokens).
 
-Run: python scripts/bench/lowprec_gemm.py [--tokens 16384] [--repeats 20] [--no-write]
+Run: python scripts/bench/lowprec_gemm.py [--tokens 16384] [--repeats 20] [--no-write] [--input-grad-shapes]
 Merges into docs/bench/lowprec.json (its other parts stay): int8_vs_bf16_gemm_rate_1p5b and
 fp8_vs_bf16_gemm_rate_1p5b (bf16 time over the time of OUR raw product on pre-quantised operands,
 the faster of int8_cutlass and int8_lt for int8 and fp8_lt for fp8, summed over the four products
@@ -50,6 +50,10 @@ from tscale.precision import LowPrecLinear, get_recipe  # noqa: E402
 
 MODELS = {"124m": 768, "1p5b": 1600}
 LAYERS = {"qkv": (1, 3), "attn_out": (1, 1), "mlp_up": (1, 4), "mlp_down": (4, 1)}  # (K, N) in units of d
+# --input-grad-shapes: the one input-gradient product whose shape no forward product has (qkv's dx = dy W,
+# contracting 3d into d; attn_out's, mlp_up's and mlp_down's are attn_out's, mlp_down's and mlp_up's forward
+# shapes); timed as products only and left out of the block totals
+INPUT_GRAD_LAYERS = {"qkv_dgrad": (3, 1)}
 TRAIN_RECIPES = ("fp8_tensorwise", "fp8_rowwise", "int8_rowwise")
 E4M3 = torch.float8_e4m3fn
 CUTLASS_CANDIDATES = (1, 2, 3)  # configs of tscale::int8_scaled_mm_sm90_candidate
@@ -160,16 +164,19 @@ def layer_fns(M: int, K: int, N: int, device: torch.device) -> dict:
     return {name: step(layer, path) for name, (layer, path) in layers.items()}
 
 
-def measure(tokens: int, repeats: int, device: torch.device) -> tuple[dict, list[str], list[str]]:
+def measure(tokens: int, repeats: int, device: torch.device,
+            input_grad_shapes: bool = False) -> tuple[dict, list[str], list[str]]:
     metrics, lines, failures = {}, [], []
+    layers = {**LAYERS, **(INPUT_GRAD_LAYERS if input_grad_shapes else {})}
     for model, d in MODELS.items():
         totals: dict[str, float] = {}
         left_out: set[str] = set()
         flops = 0.0
-        for layer, (k_mult, n_mult) in LAYERS.items():
+        for layer, (k_mult, n_mult) in layers.items():
+            in_block = layer in LAYERS
             K, N = k_mult * d, n_mult * d
             f = 2.0 * tokens * N * K
-            flops += f
+            flops += f if in_block else 0.0
             fns, refs = product_fns(tokens, K, N, device)
             for kind in list(fns):
                 try:
@@ -178,14 +185,16 @@ def measure(tokens: int, repeats: int, device: torch.device) -> tuple[dict, list
                     problem = f"raised {str(e).splitlines()[0]}"
                 if problem is not None:
                     failures.append(f"{model} {layer} {kind}: {problem}")
-                    left_out.add(kind)
+                    if in_block:
+                        left_out.add(kind)
                     del fns[kind]
             del refs
-            for kind, fn in {**fns, **layer_fns(tokens, K, N, device)}.items():
+            for kind, fn in {**fns, **(layer_fns(tokens, K, N, device) if in_block else {})}.items():
                 t = time_per_call(fn, device, repeats)
                 work = 3 * f if kind.startswith("layer_") else f
                 metrics[f"{model}_{layer}_{kind}_tflops"] = work / t / 1e12
-                totals[kind] = totals.get(kind, 0.0) + t
+                if in_block:
+                    totals[kind] = totals.get(kind, 0.0) + t
                 lines.append(f"{model:5s} {layer:9s} M={tokens} K={K} N={N} {kind:20s} {work / t / 1e12:8.2f} TFLOP/s")
         totals = {k: v for k, v in totals.items() if k not in left_out}  # ratios only over whole blocks
         bf16 = totals["bf16"]
@@ -216,11 +225,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/bench/lowprec.json alone")
+    ap.add_argument("--input-grad-shapes", action="store_true",
+                    help="also time the products at qkv's input-gradient shape (3d -> d), outside the block totals")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"ops: {backend()}")
-    metrics, lines, failures = measure(args.tokens, args.repeats, device)
+    metrics, lines, failures = measure(args.tokens, args.repeats, device, args.input_grad_shapes)
     print("\n".join(lines))
     for key in sorted(k for k in metrics if not k.endswith("_tflops") or k.startswith("bf16")):
         print(f"{key:45s} {metrics[key]:.3f}")

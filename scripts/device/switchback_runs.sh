@@ -11,9 +11,9 @@
 #            int8_switchback, then bf16 (same seed and windows), `tscale eval` of each
 #   profile  kernel time per step by kind at 1.5B (lowprec_step_profile.py, compile default mode with
 #            train.compile_block_once to keep compiles short): bf16, int8_switchback, fp8_tensorwise;
-#            then the products at the step's own M = 8,192 (lowprec_gemm.py --tokens 8192, printed only;
-#            its mlp_up / mlp_down / attn_out shapes are also the input-gradient shapes of mlp_down /
-#            mlp_up / attn_out)
+#            then the products at the step's own M = 8,192 and at qkv's input-gradient shape
+#            (lowprec_gemm.py --tokens 8192 --input-grad-shapes, printed only; the mlp_up / mlp_down /
+#            attn_out shapes are also the input-gradient shapes of mlp_down / mlp_up / attn_out)
 #   once     the CUDA tests of the switchback recipes and of train.compile_block_once, then the 1.5B
 #            speed of bf16, int8_switchback and fp8_switchback with train.compile_block_once (CUDA
 #            graphs): its compile time and its rates beside the whole-graph ones of the speed part
@@ -50,7 +50,7 @@ case $PART in
     timeout "$(left)" python3 scripts/bench/lowprec_step_profile.py --size 1p5b --compile-block-once \
       --recipes bf16 int8_switchback fp8_tensorwise --out "$OUT/lowprec_step_profile.json" 2>&1 \
       | tee "$OUT/logs/profile.log" | grep -E "^==|Error"
-    timeout "$(left)" python3 scripts/bench/lowprec_gemm.py --tokens 8192 --no-write 2>&1 \
+    timeout "$(left)" python3 scripts/bench/lowprec_gemm.py --tokens 8192 --no-write --input-grad-shapes 2>&1 \
       | tee "$OUT/logs/gemm-8192.log" | grep -E "1p5b .* (bf16|int8_cutlass|fp8_lt) " ;;
   once)
     timeout "$(left)" python3 -m pytest -q tests/test_lowprec.py tests/test_block_region.py \
