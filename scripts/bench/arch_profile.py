@@ -42,20 +42,29 @@ def group_of(name: str) -> str:
     return next((g for g, keys in GROUPS.items() if any(k in low for k in keys)), "other")
 
 
+def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True) -> dict[str, float]:
+    """Milliseconds per step of every CUDA kernel (cuda=False: CPU operator, self time) over `active` steps of the
+    real loop profiled after `warmup` (cfg.train.steps must be at least warmup + active)."""
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    prof = profile(activities=[activity], schedule=schedule(wait=warmup - 1, warmup=1, active=active, repeat=1))
+    with tempfile.TemporaryDirectory() as tmp, prof:
+        train_run(cfg, Path(tmp) / "run", quiet=True, on_step=lambda step, model: prof.step())
+    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if event.device_type == device and us > 0 and not event.key.startswith("ProfilerStep"):
+            times[event.key] = times.get(event.key, 0.0) + us / 1e3 / active
+    return times
+
+
 def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int) -> dict[str, float]:
     """GPU milliseconds per step of every kernel name over `active` profiled steps of the real loop."""
     cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []),
         f"train.steps={warmup + active + 1}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=1000", "train.compile=true", 'train.compile_mode="default"',
         f'data.tokens="{tokens.resolve()}"'])
-    prof = profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=warmup - 1, warmup=1, active=active))
-    with tempfile.TemporaryDirectory() as tmp, prof:
-        train_run(cfg, Path(tmp) / "run", quiet=True, on_step=lambda step, model: prof.step())
-    times: dict[str, float] = {}
-    for event in prof.key_averages():
-        if event.device_type == torch.autograd.DeviceType.CUDA and event.self_device_time_total > 0:
-            times[event.key] = times.get(event.key, 0.0) + event.self_device_time_total / 1e3 / active
-    return times
+    return loop_kernel_ms(cfg, warmup, active)
 
 
 def optimizer_ms(arch: str, steps: int = 20) -> float:

@@ -21,16 +21,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arch_profile import loop_kernel_ms  # noqa: E402
 from common import REPO, write_json  # noqa: E402
 from lowprec_project import kernel_class  # noqa: E402
 from lowprec_train import RECIPES, SIZES, TINY, recipe_sets  # noqa: E402
 from train_throughput import random_token_folder  # noqa: E402
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
 from tscale.config import load_config  # noqa: E402
-from tscale.train.loop import train_run  # noqa: E402
 
 # kinds of kernel besides the products, by substrings of their names, tried in this order before
 # the products (lowprec_project.kernel_class); rowwise_kernel ... cast_tiles are tscale's quantize
@@ -58,25 +57,15 @@ def kind_of(name: str) -> str:
 
 def kernel_times(recipe: str, spec: dict, tokens: Path, warmup: int, active: int, once: bool,
                  cuda: bool) -> dict[str, float]:
-    """Milliseconds per step of every kernel (CPU: operator, self time) over `active` profiled steps of the loop."""
+    """Milliseconds per step of every kernel (CPU: operator, self time) over `active` profiled steps of the loop,
+    training `recipe` at the shape of `spec`."""
     config = REPO / spec["config"] if spec["config"] else None
     sets = [*spec["sets"], *recipe_sets(recipe), f"train.steps={warmup + active + 1}", "train.eval_every=0",
             "train.ckpt_every=0", "train.log_every=1000", f'data.tokens="{tokens}"']
     if cuda:
         once_sets = ["train.compile_block_once=true"] if once else []
         sets += ["train.compile=true", 'train.compile_mode="default"', *once_sets]
-    cfg = load_config(config, sets)
-    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
-    prof = profile(activities=[activity], schedule=schedule(wait=warmup - 1, warmup=1, active=active, repeat=1))
-    with tempfile.TemporaryDirectory() as tmp, prof:
-        train_run(cfg, Path(tmp) / "run", quiet=True, on_step=lambda step, model: prof.step())
-    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    times: dict[str, float] = {}
-    for event in prof.key_averages():
-        us = event.self_device_time_total if cuda else event.self_cpu_time_total
-        if event.device_type == device and us > 0 and not event.key.startswith("ProfilerStep"):
-            times[event.key] = times.get(event.key, 0.0) + us / 1e3 / active
-    return times
+    return loop_kernel_ms(load_config(config, sets), warmup, active, cuda)
 
 
 def summary(times: dict[str, float], top: int) -> dict:
