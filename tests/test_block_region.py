@@ -67,6 +67,32 @@ def test_config_says_what_compile_block_once_needs():
         load_config(None, ["train.compile=true", "train.compile_block_once=true", 'train.attention="fa2"'])
 
 
+def test_torch_versions_read_for_the_autograd_function_check():
+    from tscale.model.block_region import _major_minor
+
+    assert _major_minor("2.11.0+cu130") == (2, 11)
+    assert _major_minor("2.13.0.dev20261101+cpu") == (2, 13)
+    assert _major_minor("3.0rc1") == (3, 0)
+
+
+def test_traced_recipes_refused_where_torch_cannot_compile_them_once(monkeypatch, tmp_path, tiny_corpus):
+    """On a torch whose dynamo fails on an autograd.Function inside the region (2.11), training says so in one
+    line before compiling; the custom-op recipes are not affected."""
+    from tscale.data.tokenize import tokenize_corpus
+    from tscale.model import block_region
+    from tscale.train.loop import train_run
+
+    tokens = tmp_path / "tokens"
+    tokenize_corpus([tiny_corpus], tokens, vocab_size=300, quiet=True)
+    monkeypatch.setattr(block_region, "HOLDS_AUTOGRAD_FUNCTIONS", False)
+    args = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=16", "train.batch_size=2",
+            "train.steps=1", "train.eval_every=0", "train.ckpt_every=0", "train.compile=true",
+            "train.compile_block_once=true", 'train.device="cpu"', f'data.tokens="{tokens}"']
+    with pytest.raises(UserError, match=r'precision.recipe = "int8_switchback" needs torch >= 2.13'):
+        train_run(load_config(None, [*args, 'precision.recipe="int8_switchback"']), tmp_path / "refused", quiet=True)
+    assert not (tmp_path / "refused" / "metrics.jsonl").exists()
+
+
 @pytest.mark.parametrize("recipe", ["int8_switchback", "fp8_tensorwise"])
 def test_low_precision_blocks_compile_once_too(recipe):
     """The switchback recipe's traced quantisation and the custom op of the others inside the one region."""

@@ -77,7 +77,8 @@ def summary(times: dict[str, float], top: int) -> dict:
     ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
     return {"kernel_ms_per_step": round(busy, 3), "kind_ms_per_step": {k: round(v, 3) for k, v in kinds.items()},
             "product_share": round(products / busy, 4) if busy else 0.0,
-            "top_kernels_ms_per_step": [[n, round(ms, 4)] for n, ms in ranked]}
+            "top_kernels_ms_per_step": [[n, round(ms, 4)] for n, ms in ranked],
+            "kernels_ms_per_step": {n: round(ms, 4) for n, ms in sorted(times.items(), key=lambda kv: -kv[1])}}
 
 
 def main() -> None:
@@ -101,17 +102,21 @@ def main() -> None:
         tokens = random_token_folder(Path(tmp) / "tokens", (args.warmup + args.active + 3) * shape.train.batch_size
                                      * (shape.model.seq_len + 1))
         for recipe in args.recipes:
-            table = summary(kernel_times(recipe, spec, tokens, args.warmup, args.active, args.compile_block_once, cuda),
-                            args.top)
-            report["recipes"][recipe] = table
-            kinds = sorted(table["kind_ms_per_step"].items(), key=lambda kv: -kv[1])
-            print(f"== {recipe}: {table['kernel_ms_per_step']:.2f} ms per step, products {table['product_share']:.1%}; "
-                  + ", ".join(f"{k} {ms:.2f}" for k, ms in kinds), flush=True)
-            for name, ms in table["top_kernels_ms_per_step"]:
-                print(f"  {ms:8.3f} ms  {kind_of(name):11s} {name[:100]}", flush=True)
+            try:
+                times = kernel_times(recipe, spec, tokens, args.warmup, args.active, args.compile_block_once, cuda)
+            except Exception as exc:  # one recipe that cannot compile here must not lose the others' tables
+                report["recipes"][recipe] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"}
+                print(f"== {recipe}: FAILED {report['recipes'][recipe]['error']}", flush=True)
+            else:
+                table = report["recipes"][recipe] = summary(times, args.top)
+                kinds = sorted(table["kind_ms_per_step"].items(), key=lambda kv: -kv[1])
+                print(f"== {recipe}: {table['kernel_ms_per_step']:.2f} ms per step, products "
+                      f"{table['product_share']:.1%}; " + ", ".join(f"{k} {ms:.2f}" for k, ms in kinds), flush=True)
+                for name, ms in table["top_kernels_ms_per_step"]:
+                    print(f"  {ms:8.3f} ms  {kind_of(name):11s} {name[:100]}", flush=True)
             if cuda:
                 torch.cuda.empty_cache()
-    write_json(args.out, report)
+            write_json(args.out, report)  # after every recipe: a run stopped by a time limit keeps what it measured
     print(f"-> {args.out}")
 
 

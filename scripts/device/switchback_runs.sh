@@ -14,6 +14,8 @@
 #            then the products at the step's own M = 8,192 and at qkv's input-gradient shape
 #            (lowprec_gemm.py --tokens 8192 --input-grad-shapes, printed only; the mlp_up / mlp_down /
 #            attn_out shapes are also the input-gradient shapes of mlp_down / mlp_up / attn_out)
+#   profile_whole  the same step profile without train.compile_block_once (torch 2.11 cannot compile the
+#            switchback recipes once per block): int8_switchback, bf16, fp8_switchback, every kernel kept in the JSON
 #   once     the CUDA tests of the switchback recipes and of train.compile_block_once, then the 1.5B
 #            speed of bf16, int8_switchback and fp8_switchback with train.compile_block_once (CUDA
 #            graphs): its compile time and its rates beside the whole-graph ones of the speed part
@@ -52,11 +54,15 @@ case $PART in
       | tee "$OUT/logs/profile.log" | grep -E "^==|Error"
     timeout "$(left)" python3 scripts/bench/lowprec_gemm.py --tokens 8192 --no-write --input-grad-shapes 2>&1 \
       | tee "$OUT/logs/gemm-8192.log" | grep -E "1p5b .* (bf16|int8_cutlass|fp8_lt) " ;;
+  profile_whole)
+    timeout "$(left)" python3 scripts/bench/lowprec_step_profile.py --size 1p5b --top 30 \
+      --recipes int8_switchback bf16 fp8_switchback --out "$OUT/lowprec_step_profile_whole.json" 2>&1 \
+      | tee "$OUT/logs/profile_whole.log" | grep -E "^==|^  |Error" ;;
   once)
     timeout "$(left)" python3 -m pytest -q tests/test_lowprec.py tests/test_block_region.py \
       -k "cuda and (switchback or once or function_matches)" 2>&1 | tee "$OUT/logs/tests.log" | tail -5
     timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
       --compile-block-once --recipes bf16 int8_switchback fp8_switchback --out-dir "$OUT/speed" 2>&1 \
       | tee "$OUT/logs/speed-once.log" | grep -E "tokens/s|NOT RECORDED|Error" ;;
-  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality, profile or once)"; exit 2 ;;
+  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality, profile, profile_whole or once)"; exit 2 ;;
 esac

@@ -190,6 +190,11 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                         f"torch.compiler.nested_compile_region; set train.compile_block_once = false")
     model.compile_block_once = cfg.train.compile_block_once  # traced once, reused by every block (block_region.py)
     converted = convert_linears_as_configured(model, cfg.precision)
+    if cfg.train.compile_block_once and converted and not block_region.HOLDS_AUTOGRAD_FUNCTIONS \
+            and any(getattr(m, "recipe", None) is not None and m.recipe.in_graph for m in model.modules()):
+        raise UserError(f'train.compile_block_once with precision.recipe = "{cfg.precision.recipe}" needs torch >= 2.13 '
+                        f"(this torch, {torch.__version__}, cannot compile its traced products once per block): "
+                        "set train.compile_block_once = false")
     if cfg.train.fused_loss and cfg.index.enabled:
         raise UserError("train.fused_loss does not apply to a model with the token index (its loss is the "
                         "mixture's): set train.fused_loss = false")
