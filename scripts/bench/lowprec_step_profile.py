@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arch_profile import loop_kernel_ms  # noqa: E402
-from common import REPO, write_json  # noqa: E402
+from common import REPO, measurement_stamp, write_json  # noqa: E402
 from lowprec_project import kernel_class  # noqa: E402
 from lowprec_train import RECIPES, SIZES, TINY, recipe_sets  # noqa: E402
 from train_throughput import random_token_folder  # noqa: E402
@@ -96,7 +96,8 @@ def main() -> None:
     if cuda and not torch.cuda.is_available():
         sys.exit("lowprec_step_profile.py: needs a CUDA GPU (or --tiny)")
     spec = TINY if args.tiny else SIZES[args.size]
-    report = {"size": "tiny" if args.tiny else args.size, "compile_block_once": args.compile_block_once, "recipes": {}}
+    report = {"measured": measurement_stamp(), "size": "tiny" if args.tiny else args.size,
+              "compile_block_once": args.compile_block_once, "recipes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         shape = load_config(REPO / spec["config"] if spec["config"] else None, spec["sets"])
         tokens = random_token_folder(Path(tmp) / "tokens", (args.warmup + args.active + 3) * shape.train.batch_size
