@@ -487,8 +487,14 @@ def test_cuda_switchback_model_under_inductor_matches_eager(name):
     idx = torch.randint(0, 256, (4, 64), device="cuda")
     eager, compiled = _eager_and_compiled_grads(model, idx, backend="inductor")
     assert all(g.abs().sum() > 0 for g in compiled)
+    # Inductor quantises the fp32 values inside its fused kernels where eager quantises their bf16 rounding
+    # (it does not emulate the intermediate cast), so a value whose bf16 rounding crosses a rounding boundary
+    # takes the neighbouring step. e4m3's steps are 2^-4 to 2^-3 of the value: ~2^-9 / 2^-4 = 3% of the values
+    # move by one step, sqrt(0.03) x ~2^-3.5 = 1.5-2% of an operand's norm. int8's steps (1/127 of the row's
+    # amax) are far finer. Measured on the H200 with fp8: 2.4%.
+    bound = {"int8_switchback": 0.02, "fp8_switchback": 0.04}[name]
     for e, c in zip(eager, compiled):
-        assert _rel(c, e) < 0.02
+        assert _rel(c, e) < bound
 
 
 @CUDA

@@ -87,6 +87,50 @@ def test_a_path_that_raises_is_logged_once_and_skipped_from_then_on(monkeypatch,
     assert sum("no algorithm" in r.message for r in caplog.records) == 1
 
 
+def _rows_operands(dtype, seed):
+    """a (M, K), w (N, K) and their row scales (M, 1), (N, 1): scaled_mm_rows's operands."""
+    qa, sa = quantize(rand(24, 64, seed=seed), dtype, -1)
+    qw, sw = quantize(rand(40, 64, seed=seed + 1) * 0.05, dtype, -1)
+    return qa, qw, sa, sw
+
+
+@pytest.mark.parametrize("dtype", [INT8, E4M3])
+def test_scaled_mm_rows_later_calls_take_the_first_calls_path(monkeypatch, dtype):
+    """The first call of a problem chooses the path; later calls skip the choice and give the same product."""
+    monkeypatch.delenv("TSCALE_LOWPREC_GEMM", raising=False)
+    monkeypatch.setattr(lowprec, "_row_plans", {})
+    a, w, sa, sw = _rows_operands(dtype, seed=6)
+    want = (a.double() @ w.double().t()) * sa.double() * sw.double().t()  # (M, N)
+    choices = []
+    full = lowprec._product_and_path
+    monkeypatch.setattr(lowprec, "_product_and_path", lambda *args: choices.append(1) or full(*args))
+    for _ in range(3):
+        torch.testing.assert_close(lowprec.scaled_mm_rows(a, w, sa, sw, torch.float32).double(), want,
+                                   rtol=1e-5, atol=1e-5)
+    assert len(choices) == 1 and len(lowprec._row_plans) == 1
+    monkeypatch.setenv("TSCALE_LOWPREC_GEMM", "reference")  # another setting is another problem: chosen again
+    torch.testing.assert_close(lowprec.scaled_mm_rows(a, w, sa, sw, torch.float32).double(), want, rtol=1e-5, atol=1e-5)
+    assert len(choices) == 2 and len(lowprec._row_plans) == 2
+
+
+def test_scaled_mm_rows_plan_that_raises_falls_back_for_good(monkeypatch):
+    monkeypatch.delenv("TSCALE_LOWPREC_GEMM", raising=False)
+    monkeypatch.setattr(lowprec, "_row_plans", {})
+    a, w, sa, sw = _rows_operands(INT8, seed=8)
+    want = lowprec.scaled_mm_rows(a, w, sa, sw, torch.float32)  # makes the plan
+    (key,) = lowprec._row_plans
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("operands in a layout the kernel refuses")
+
+    lowprec._row_plans[key] = broken
+    for _ in range(3):
+        torch.testing.assert_close(lowprec.scaled_mm_rows(a, w, sa, sw, torch.float32), want)
+    assert len(calls) == 1 and lowprec._row_plans[key] is None
+
+
 @pytest.mark.skipif(not lowprec._op_defined("fp8_gemm"), reason="tscale._C built without the GEMM op schemas")
 def test_fake_implementations_give_shapes_and_dtypes():
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -311,6 +311,11 @@ def _say(kind: str, path: str, device_type: str) -> None:
 
 def _product(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> torch.Tensor:
     """The first path of product_paths that runs; the reference (always last) cannot fail."""
+    return _product_and_path(kind, a, b, scale_a, scale_b, out_dtype, fast_accum)[0]
+
+
+def _product_and_path(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> tuple:
+    """(the product, the name of the path that made it)."""
     problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
     for path in product_paths(kind, a, b, scale_a, scale_b, out_dtype, problem):
         if path == "reference":
@@ -324,9 +329,9 @@ def _product(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = Fa
                       f"N={b.shape[1]} K={a.shape[1]} on {a.device.type}", e)
             continue
         _say(kind, path, a.device.type)
-        return out
+        return out, path
     _say(kind, "reference", a.device.type)
-    return _scaled_product_reference(a, b, scale_a, scale_b, out_dtype)
+    return _scaled_product_reference(a, b, scale_a, scale_b, out_dtype), "reference"
 
 
 def fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -349,6 +354,25 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     return fp8_mm(a, b, scale_a, scale_b, out_dtype, fast_accum)
 
 
+# (path setting, operand dtypes and shapes, device, scale shapes and dtypes, out_dtype, fast_accum) -> the call
+# that made the product of scaled_mm_rows for it the first time, or None where that call failed once since
+_row_plans: dict[tuple, object] = {}
+
+
+def _row_plan(path: str, kind: str, out_dtype: torch.dtype, fast_accum: bool):
+    """For the path that served a problem: a call (a (M, K), b (N, K), scale_a (M, 1), scale_b (N, 1)) -> (M, N)
+    without the checks and the path choice, which hold for every later call with the same key."""
+    if path == "cutlass":
+        def cutlass(a, b, scale_a, scale_b):  # the kernel checks its operands' layout itself and raises
+            return _cutlass_op(a.device.index)(a, b.t(), scale_a.reshape(-1), scale_b.reshape(-1))
+        return cutlass
+    if path == "reference":
+        return lambda a, b, scale_a, scale_b: _scaled_product_reference(a, b.t(), scale_a, scale_b.t(), out_dtype)
+    extra = {"fast_accum": True} if fast_accum and kind == "fp8" else {}
+    fn = _PATHS[kind][path]
+    return lambda a, b, scale_a, scale_b: fn(a, b.t(), scale_a, scale_b.t(), out_dtype, **extra)
+
+
 @torch.library.custom_op("tscale::scaled_mm_rows", mutates_args=())
 def scaled_mm_rows(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                    out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
@@ -356,9 +380,25 @@ def scaled_mm_rows(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
 
     scaled_mm with both operands quantised along their rows (the contracted dimension), as one
     opaque op: torch.compile keeps the path choice of scaled_mm out of the graph, and the graph
-    around it can make a and b in the layout the fast paths read without a copy.
+    around it can make a and b in the layout the fast paths read without a copy. Without CUDA
+    graphs the host's time per call is a step's (two calls per layer); so the first call of a
+    problem goes through scaled_mm and later ones straight to the call of the path that served it.
     """
-    return scaled_mm(a.contiguous(), b.contiguous().t(), scale_a, scale_b.t(), out_dtype, fast_accum)
+    a, b = a.contiguous(), b.contiguous()
+    key = (gemm_path_setting(), a.dtype, b.dtype, a.device, a.shape, b.shape, scale_a.shape, scale_b.shape,
+           scale_a.dtype, scale_b.dtype, out_dtype, fast_accum)
+    plan = _row_plans.get(key)
+    if plan is not None:
+        try:
+            return plan(a, b, scale_a, scale_b)
+        except RuntimeError:
+            _row_plans[key] = None  # scaled_mm's own path choice and fallbacks from now on
+    kind = "int8" if a.dtype == torch.int8 else "fp8"
+    _check_mm_args(f"{kind}_mm", a, b.t(), scale_a, scale_b.t(), (torch.int8,) if kind == "int8" else FP8_DTYPES)
+    out, path = _product_and_path(kind, a, b.t(), scale_a, scale_b.t(), out_dtype, fast_accum)
+    if key not in _row_plans:
+        _row_plans[key] = _row_plan(path, kind, out_dtype, fast_accum)
+    return out
 
 
 @scaled_mm_rows.register_fake
