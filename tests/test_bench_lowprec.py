@@ -126,6 +126,17 @@ def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():
     assert lowprec_project.kernel_class("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x3_nn_align8") == "bf16"
 
 
+def test_linear_share_of_a_step_moves_with_each_kinds_rate():
+    """On the H200 the share is the profile's own; on a GPU whose bf16 rate falls more than its bandwidth, it grows."""
+    kinds = {"matmul": 60.0, "attention": 10.0, "inductor": 20.0, "optimizer": 10.0}
+    assert lowprec_project.linear_share(kinds, "H200", linear_fraction=1.0) == pytest.approx(0.6)
+    h200, rtx = lowprec_project.RATES["H200"], lowprec_project.RATES["RTX 4090"]
+    compute, memory = h200["bf16"] / rtx["bf16"], h200["memory"] / rtx["memory"]
+    want = 60 * compute * 0.9 / (70 * compute + 30 * memory)
+    assert lowprec_project.linear_share(kinds, "RTX 4090", linear_fraction=0.9) == pytest.approx(want)
+    assert want > 0.6 * 0.9
+
+
 def test_speed_run_stopped_part_way_keeps_the_recipes_it_measured(tmp_path, monkeypatch):
     """A time limit that stops the run during its second recipe leaves the first one's rate in the record."""
     real = lowprec_train.train_run
