@@ -150,13 +150,30 @@ def test_speed_run_stopped_part_way_keeps_the_recipes_it_measured(tmp_path, monk
 
     monkeypatch.setattr(lowprec_train, "train_run", stopped_on_second)
     args = type("Args", (), dict(tiny=True, sizes=None, steps=2, warmup=1, compile_mode="default",
-                                 compile_block_once=False, recipes=["bf16", "int8_rowwise"]))()
+                                 compile_block_once=False, grad_accum=1, recipes=["bf16", "int8_rowwise"]))()
     with pytest.raises(KeyboardInterrupt):
         lowprec_train.speed(args, tmp_path)
     record = json.loads((tmp_path / "lowprec.json").read_text())
     assert set(record["metrics"]) == {"train_tokens_per_s_bf16_tiny", "run_s_bf16_tiny"}
     assert record["metrics"]["train_tokens_per_s_bf16_tiny"] > 0 and record["metrics"]["run_s_bf16_tiny"] > 0
     assert record["notes"].endswith("measured: tiny bf16")
+
+
+def test_speed_run_with_gradient_accumulation_labels_its_rates(tmp_path, monkeypatch):
+    """--grad-accum N: every run takes N micro-batches a step (tokens/s counts them all) under its own label."""
+    real, accums = lowprec_train.train_run, []
+
+    def recording(cfg, run_dir, **kw):
+        accums.append(cfg.train.grad_accum)
+        return real(cfg, run_dir, **kw)
+
+    monkeypatch.setattr(lowprec_train, "train_run", recording)
+    args = type("Args", (), dict(tiny=True, sizes=None, steps=2, warmup=1, compile_mode="default",
+                                 compile_block_once=False, grad_accum=2, recipes=["bf16"]))()
+    lowprec_train.speed(args, tmp_path)
+    record = json.loads((tmp_path / "lowprec.json").read_text())
+    assert accums == [2] and set(record["metrics"]) == {"train_tokens_per_s_bf16_tiny_accum2", "run_s_bf16_tiny_accum2"}
+    assert "train.grad_accum = 2" in record["notes"]
 
 
 def test_step_profile_sorts_kernels_into_kinds():

@@ -11,7 +11,8 @@ shape), the same batch for every recipe, bf16 autocast and torch.compile; tokens
 harmonic mean of the rates logged after the warm-up steps (total tokens / total time). One
 process runs every recipe of a size, one after the other. --compile-mode sets train.compile_mode
 for every recipe (the metrics' size label gets the mode: `1p5b_reduce_overhead`); --compile-block-once sets
-train.compile_block_once (label suffix `_block_once`).
+train.compile_block_once (label suffix `_block_once`); --grad-accum N sets train.grad_accum (N micro-batches
+per optimizer step, so the optimizer's share of a step falls N-fold; label suffix `_accumN`).
 
 quality: configs/gpt2-124m.toml on TOKENS (the benchmark corpus of DESIGN.md) for
 --train-tokens tokens, one pass, the same seed and windows for every recipe, each as a
@@ -138,14 +139,16 @@ def speed(args, out_dir: Path) -> tuple[dict, Path | None]:
             config = REPO / spec["config"] if spec["config"] else None
             shape = load_config(config, spec["sets"])  # batch and sequence: the same for every recipe
             tokens = Path(tmp) / f"tokens-{size}"
-            random_token_folder(tokens, (args.warmup + args.steps + 2) * shape.train.batch_size * (shape.model.seq_len + 1))
+            accum = args.grad_accum
+            random_token_folder(tokens, (args.warmup + args.steps + 2) * accum * shape.train.batch_size
+                                * (shape.model.seq_len + 1))
             rates = {}
             label = size if args.compile_mode == "default" else f"{size}_{args.compile_mode.replace('-', '_')}"
-            label += "_block_once" if args.compile_block_once else ""
+            label += ("_block_once" if args.compile_block_once else "") + (f"_accum{accum}" if accum > 1 else "")
             for recipe in args.recipes:
                 once = ["train.compile_block_once=true"] if args.compile_block_once else []
                 cfg = load_config(config, [*spec["sets"], f'train.compile_mode="{args.compile_mode}"', *once,
-                                           *recipe_sets(recipe),
+                                           f"train.grad_accum={accum}", *recipe_sets(recipe),
                                            f"train.steps={args.warmup + args.steps}", "train.eval_every=0",
                                            "train.ckpt_every=0", f"train.log_every={log_every}", f'data.tokens="{tokens}"'])
                 run = Path(tmp) / f"run-{size}-{recipe}"
@@ -174,7 +177,8 @@ def _speed_notes(args, sizes: dict, done: list[str]) -> str:
     return (f"speed {'+'.join(sizes)} (lowprec_train.py speed): gpt2 {', '.join(sizes)} on random ids, "
             f"{args.steps} timed steps after {args.warmup}, "
             f"{'CPU, no compile' if args.tiny else f'bf16 autocast + compile ({args.compile_mode} mode)'}"
-            f"{', train.compile_block_once' if args.compile_block_once else ''}, recipes "
+            f"{', train.compile_block_once' if args.compile_block_once else ''}"
+            f"{f', train.grad_accum = {args.grad_accum}' if args.grad_accum > 1 else ''}, recipes "
             f"{', '.join(args.recipes)}; fp8 = {HEADLINE['fp8']}, int8 = {HEADLINE['int8']}; measured: {', '.join(done)}")
 
 
@@ -233,6 +237,8 @@ def main() -> None:
                     help="speed: train.compile_mode of every run")
     ap.add_argument("--compile-block-once", action="store_true",
                     help="speed: train.compile_block_once for every run (one block traced; far shorter compiles)")
+    ap.add_argument("--grad-accum", type=int, default=1,
+                    help="speed: micro-batches per optimizer step (train.grad_accum) for every run")
     ap.add_argument("--train-tokens", type=float, default=100e6, help="quality: tokens per run")
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "lowprec-quality", help="quality: run folders")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model")

@@ -16,6 +16,10 @@
 #            attn_out shapes are also the input-gradient shapes of mlp_down / mlp_up / attn_out)
 #   profile_whole  the same step profile without train.compile_block_once (torch 2.11 cannot compile the
 #            switchback recipes once per block): int8_switchback, bf16, fp8_switchback, every kernel kept in the JSON
+#   host     lowprec_host_cost.py (host time per product call), then the 1.5B speed of int8_switchback and
+#            bf16 in default compile mode (no CUDA graphs: where the op's host time shows)
+#   accum    the 1.5B speed under CUDA graphs with 4 micro-batches per optimizer step (--grad-accum 4):
+#            bf16, int8_switchback, fp8_tensorwise
 #   once     the CUDA tests of the switchback recipes and of train.compile_block_once, then the 1.5B
 #            speed of bf16, int8_switchback and fp8_switchback with train.compile_block_once (CUDA
 #            graphs): its compile time and its rates beside the whole-graph ones of the speed part
@@ -58,11 +62,20 @@ case $PART in
     timeout "$(left)" python3 scripts/bench/lowprec_step_profile.py --size 1p5b --top 30 \
       --recipes int8_switchback bf16 fp8_switchback --out "$OUT/lowprec_step_profile_whole.json" 2>&1 \
       | tee "$OUT/logs/profile_whole.log" | grep -E "^==|^  |Error" ;;
+  host)
+    timeout "$(left)" python3 scripts/bench/lowprec_host_cost.py 2>&1 | tee "$OUT/logs/host_cost.log"
+    timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode default --steps 20 \
+      --warmup 6 --recipes int8_switchback bf16 --out-dir "$OUT/speed" 2>&1 | tee "$OUT/logs/speed-default.log" \
+      | grep -E "tokens/s|NOT RECORDED|Error" ;;
+  accum)
+    timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
+      --grad-accum 4 --steps 10 --warmup 5 --recipes bf16 int8_switchback fp8_tensorwise --out-dir "$OUT/speed" 2>&1 \
+      | tee "$OUT/logs/speed-accum.log" | grep -E "tokens/s|NOT RECORDED|Error" ;;
   once)
     timeout "$(left)" python3 -m pytest -q tests/test_lowprec.py tests/test_block_region.py \
       -k "cuda and (switchback or once or function_matches)" 2>&1 | tee "$OUT/logs/tests.log" | tail -5
     timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
       --compile-block-once --recipes bf16 int8_switchback fp8_switchback --out-dir "$OUT/speed" 2>&1 \
       | tee "$OUT/logs/speed-once.log" | grep -E "tokens/s|NOT RECORDED|Error" ;;
-  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality, profile, profile_whole or once)"; exit 2 ;;
+  *) echo "switchback_runs.sh: unknown part '$PART' (speed, quality, profile, profile_whole, host, accum or once)"; exit 2 ;;
 esac
