@@ -248,6 +248,8 @@ def main() -> None:
         ap.error("--tiny writes a smoke-test record: give --out-dir (not docs/bench)")
     if args.tiny and (args.compile_mode != "default" or args.compile_block_once):
         ap.error("--compile-mode and --compile-block-once need torch.compile, which --tiny turns off")
+    if args.grad_accum > 1 and args.compile_mode == "reduce-overhead":
+        ap.error("--grad-accum needs a compile mode without CUDA graphs (they refuse gradient accumulation)")
     if args.mode == "quality" and args.tokens is None:
         ap.error("quality needs TOKENS (a token folder)")
     if not args.tiny and not torch.cuda.is_available():
