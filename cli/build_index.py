@@ -4,7 +4,7 @@ import click
 from rich.console import Console
 
 from tscale.index.build import DEFAULT_FEATURES_SPAN, DEFAULT_MAX_MEMORY_GB, build_index as build
-from tscale.index.features import DEFAULT_TOPK
+from tscale.index.features import DEFAULT_TOPK, FEATURE_MAX_LEN
 
 
 @click.command("build-index")
@@ -21,6 +21,8 @@ from tscale.index.features import DEFAULT_TOPK
 @click.option("--features", is_flag=True, help="Also write per-token lookups (features-{split}-NNNNN.bin) for the token folder.")
 @click.option("--features-topk", type=int, default=DEFAULT_TOPK, show_default=True,
               help="Next tokens (with their counts) stored per position in the features.")
+@click.option("--features-max-len", type=int, default=FEATURE_MAX_LEN, show_default=True, metavar="L",
+              help="Cap every lookup's match at L tokens (a model reads the features with index.max_len = L).")
 @click.option("--features-folds", type=int, metavar="K",
               help="Look up the training features in K fold indexes, each of the other folds minus the documents "
               "sharing a --features-span span with the fold (as the decontaminated evaluation index); "
@@ -31,11 +33,12 @@ from tscale.index.features import DEFAULT_TOPK
               "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
 def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, decontaminate_against, features,
-                features_topk, features_folds, features_span, workers, quiet) -> None:
+                features_topk, features_max_len, features_folds, features_span, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
               shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk,
-              features_folds=features_folds, features_span=features_span, decontaminate_against=decontaminate_against)
+              features_folds=features_folds, features_span=features_span, decontaminate_against=decontaminate_against,
+              features_max_len=features_max_len)
     console = Console(highlight=False)
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "

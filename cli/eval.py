@@ -24,10 +24,13 @@ from tscale.precision import INFER_MODES
 @click.option("--index", "indexes", multiple=True, type=click.Path(),
               help="Index folder to score against (repeatable: e.g. a raw and a decontaminated one); a model trained "
               "with the index needs one. Adds the loss by match-length bucket.")
+@click.option("--index-max-len", type=click.IntRange(1, 255), metavar="L",
+              help="Cap the --index lookups' matches at L tokens, for a model trained without the index (its "
+              "buckets; default 64); a model trained with the index uses its own index.max_len.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
-def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, device, precision) -> None:
+def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index_max_len, device, precision) -> None:
     """Score CKPT (a checkpoint folder, or a run folder for its newest checkpoint) on the val split of TOKENS."""
     if not Path(ckpt).exists():
         raise UserError(f"{ckpt}: no such checkpoint or run folder")
@@ -46,7 +49,7 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, devic
         task = progress.add_task("eval", total=None)
         result = evaluate_checkpoint(ckpt, tokens_dir, resolve_device(device, "--device"), batch_size, max_tokens,
                                      on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-                                     precision=precision, indexes=indexes)
+                                     precision=precision, indexes=indexes, index_max_len=index_max_len)
     write_json_atomic(out, result)
     _print_table(result)
     for entry in result.get("indexes", []):

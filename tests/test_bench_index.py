@@ -93,3 +93,29 @@ def test_extra_docs_are_the_larger_index_documents_the_smaller_corpus_lacks(tmp_
     again = subprocess.run([sys.executable, str(script), str(tmp_path / "index"), str(big), "--minus", str(small), "-o",
                             str(out)], capture_output=True, text=True)
     assert again.returncode != 0 and "exists" in again.stderr  # an earlier output is never overwritten
+
+
+def test_lookup_stats_compare_caps_on_the_same_positions(tmp_path):
+    """index_lookup_stats.py --max-len: every cap is scored on the buckets of the match at 64 tokens."""
+    import index_lookup_stats as stats
+
+    rng = np.random.default_rng(6)
+    words = "tide wind cliff path field sheep wall gate door key lamp oil rope sail mast harbour ferry lemon".split()
+    docs = [(f"d{i}", " ".join(rng.choice(words, int(rng.integers(30, 80))))) for i in range(60)]
+    val = [i for i in range(60) if is_validation("notes", f"d{i}", 4)]
+    for k, i in enumerate(i for i in range(60) if i not in val):  # training copies of validation text: long matches
+        if k % 3 == 0:
+            docs[i] = (f"d{i}", docs[i][1] + " " + docs[val[k % len(val)]][1])
+    tokenize_corpus([_write_jsonl(tmp_path / "c.jsonl", docs)], tmp_path / "tok", vocab_size=300, val_modulus=4,
+                    quiet=True)
+    build_index(tmp_path / "tok", tmp_path / "index", quiet=True)
+    folder, index = stats.TokenFolder(tmp_path / "tok"), Index(tmp_path / "index")
+    tokens, sources = stats.val_stream(folder)
+    at64 = index.lookup(tokens, max_len=64, topk=1)[0]
+    full = stats.lookup_stats(index, tokens, sources, folder.manifest["sources"], 64, at64)
+    capped = stats.lookup_stats(index, tokens, sources, folder.manifest["sources"], 4, at64)
+    assert (full["max_len"], capped["max_len"]) == (64, 4)
+    assert [b["share"] for b in full["by_match_len"].values()] == [b["share"] for b in capped["by_match_len"].values()]
+    assert full["by_match_len"][">=32"]["share"] > 0 and full["by_match_len"][">=32"]["top1"] > 0.9  # the copies
+    assert capped["mean_match_len"] <= 4 < full["mean_match_len"]
+    assert 0 <= capped["top1"] <= capped["top4"] <= 1 and full["top1"] != capped["top1"]

@@ -332,6 +332,64 @@ def test_features_match_lookups(token_folder, tmp_path):
 
 
 @needs_kernels
+def test_capped_features_are_the_lookups_at_that_cap(token_folder, tmp_path):
+    """--features-max-len L: every stored match is the lookup's at max_len L (train leave-one-out and val); a model
+    reads them only with index.max_len = L, and an evaluation at another cap looks up again."""
+    cap = 6
+    m = build_index(token_folder, tmp_path / "index", features=True, features_topk=3, features_max_len=cap, quiet=True)
+    assert m["features"]["max_len"] == cap
+    index, folder = Index(tmp_path / "index"), TokenFolder(token_folder)
+    stored = StoredFeatures(index.path, folder, topk=3, max_len=cap)
+    query, excl = _train_query(index, folder)
+    lens, nxt, cnt = index.lookup(query, excl, max_len=cap, topk=3)
+    train = np.concatenate(stored.shards("train"))
+    np.testing.assert_array_equal(train["len"], lens)
+    np.testing.assert_array_equal(train["next"], np.where(nxt >= 0, nxt, index.vocab_size))
+    np.testing.assert_array_equal(train["count"], cnt)
+    assert lens.max() == cap < index.lookup(query, excl, max_len=64, topk=3)[0].max()  # the cap bites here
+    val = folder.shards("val")[0]
+    np.testing.assert_array_equal(stored.shards("val")[0], features_module.fresh_features(index, val, 3, None, cap))
+    with pytest.raises(UserError, match="index.max_len 64: .* capped at 6 tokens; set index.max_len = 6"):
+        StoredFeatures(index.path, folder, topk=3)
+    assert val_features(index.path, folder, 3, None, cap)[1]["lookups"] == "stored features"
+    assert val_features(index.path, folder, 3, None, 64)[1]["lookups"] == "looked up now"
+    with pytest.raises(UserError, match="only with --features"):
+        build_index(token_folder, tmp_path / "x", features_max_len=8, quiet=True)
+    with pytest.raises(UserError, match="--features-max-len 0"):
+        build_index(token_folder, tmp_path / "y", features=True, features_max_len=0, quiet=True)
+
+
+@needs_kernels
+def test_generation_lookups_take_the_models_cap(token_folder, tmp_path):
+    import torch
+
+    from tscale.infer.engine import IndexLookups
+
+    build_index(token_folder, tmp_path / "index", quiet=True)
+    index = Index(tmp_path / "index")
+    ids = [int(t) for t in _index_docs(TokenFolder(token_folder))[7][:30]]  # a document with a copy in the index
+    for cap in (4, 64):
+        got = IndexLookups(index, 2, torch.device("cpu"), max_len=cap).last(ids, 10)
+        want = index.lookup(np.asarray(ids), max_len=cap, topk=2)
+        np.testing.assert_array_equal(got.match_len[0].numpy(), want[0][-10:])
+    assert IndexLookups(index, 2, torch.device("cpu"), max_len=4).last(ids, 10).match_len.max() == 4
+
+
+def test_evaluation_cap_is_the_models_own():
+    from types import SimpleNamespace
+
+    from tscale.config import IndexConfig
+    from tscale.eval.index_eval import lookup_max_len
+
+    plain = SimpleNamespace(path="run/ckpt", index_cfg=None)
+    assert (lookup_max_len(plain, None), lookup_max_len(plain, 16)) == (64, 16)
+    trained = SimpleNamespace(path="run/ckpt", index_cfg=IndexConfig(path="idx", mixer=True, max_len=16))
+    assert lookup_max_len(trained, None) == lookup_max_len(trained, 16) == 16
+    with pytest.raises(UserError, match="--index-max-len 32: run/ckpt was trained with index.max_len = 16"):
+        lookup_max_len(trained, 32)
+
+
+@needs_kernels
 def test_fold_features_are_lookups_in_an_index_decontaminated_against_the_fold(token_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(features_module, "BATCH_TOKENS", 40)  # many lookup batches of whole documents per fold
     span, topk = 8, 3

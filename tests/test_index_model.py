@@ -378,6 +378,18 @@ def test_eval_index_breaks_loss_down_by_match_length(world, runs, tmp_path):
     result = CliRunner().invoke(main, ["eval", str(run_index), "--tokens", str(tokens), "--out", str(tmp_path / "x.json")])
     assert_one_line_error(result, "trained with the token index", "--index", command="eval")
 
+    capped = tmp_path / "capped.json"  # a model without the index, its buckets from lookups capped at 6 tokens
+    result = CliRunner().invoke(main, ["eval", str(run_base), "--tokens", str(tokens), "--index", str(raw),
+                                       "--index-max-len", "6", "--out", str(capped), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    e = json.loads(capped.read_text())["indexes"][0]
+    assert e["max_len"] == 6 and e["lookups"] == "looked up now"
+    assert e["by_match_len"]["16-31"]["tokens"] == e["by_match_len"][">=32"]["tokens"] == 0
+    assert e["by_match_len"]["4-7"]["tokens"] > base["indexes"][0]["by_match_len"]["4-7"]["tokens"]
+    result = CliRunner().invoke(main, ["eval", str(run_index), "--tokens", str(tokens), "--index", str(raw),
+                                       "--index-max-len", "6", "--out", str(tmp_path / "y.json"), "--device", "cpu"])
+    assert_one_line_error(result, "--index-max-len 6", "index.max_len = 64", command="eval")
+
 
 def test_infer_index_generates_and_refuses_mismatches(world, runs):
     _, tokens, raw, _, _ = world

@@ -233,6 +233,9 @@ class IndexConfig(_Section):
     the mixture's loss trains the network too, which measured worse; docs/index.md). `dropout`
     is the share of training windows that see no lookups at all (every position "no match"),
     so the network also learns to predict on its own instead of leaning on the index.
+    `max_len` caps the match of every lookup at that many tokens; the index's features must have
+    been built with the same `--features-max-len` (a cap well below the span an evaluation index was
+    decontaminated at keeps the near-copies it left out from deciding the lookup: docs/index.md).
     `gate_stats` gives the mixer's gate three more inputs: how much of the top-K counts the
     index's top token holds, that share together with the match length, and the network's own
     probability of that token (tscale/index/mixing.py). They start at zero, so the gate starts
@@ -244,6 +247,7 @@ class IndexConfig(_Section):
     inputs: bool = False
     mixer: bool = False
     topk: int = Field(4, ge=1, le=64)
+    max_len: int = Field(64, ge=1, le=255)
     delta: float = Field(1e-5, gt=0, le=1)
     dropout: float = Field(0.0, ge=0, lt=1)
     mixer_joint: bool = False

@@ -34,6 +34,7 @@ limit continues where it stopped when started again (--fresh starts over).
       [--variant NAME=KEY=VALUE[,KEY=VALUE...]]...   e.g. --variant mixer=index.mixer=true
       [--features-folds 4]                           e.g. --variant folds=features=folds,index.mixer=true
       [--extra-index NAME=INDEX]...                  e.g. --extra-index linux=INDEX-OF-A-LARGER-CORPUS
+      [--index-max-len L]                            every lookup's match capped at L tokens (features, models, eval)
   python scripts/bench/index_quality.py TOKENS --tiny      # CPU, tiny model, minutes; writes under --work
 """
 
@@ -190,6 +191,9 @@ def main() -> None:
                     metavar="NAME=PATH", help="one more index every model is scored against (repeatable), e.g. of a "
                     "larger corpus: tscale build-index --decontaminate 32 --decontaminate-against TOKENS; metrics "
                     "ppl_reduction_extra_NAME and quality_*_extra_NAME")
+    ap.add_argument("--index-max-len", type=int, help="cap every lookup's match at this many tokens (the features' "
+                    "--features-max-len, every model's index.max_len, eval's --index-max-len; default 64); give each "
+                    "value its own --work")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU; results go to --work, not docs/")
     ap.add_argument("--fresh", action="store_true", help="delete --work first")
     ap.add_argument("--out", type=Path, help="folder of index.json [default: docs/bench, or --work with --tiny]")
@@ -206,7 +210,9 @@ def main() -> None:
 
     from tscale.config import load_config
 
-    overrides = [*(TINY if args.tiny else []), *args.overrides]
+    capped = args.index_max_len is not None
+    overrides = [*(TINY if args.tiny else []), *args.overrides, *([f"index.max_len={args.index_max_len}"] if capped else [])]
+    cap_build = ["--features-max-len", args.index_max_len] if capped else []
     cfg = load_config(None if args.tiny else args.config, overrides)
     per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
     steps = max(1, args.train_tokens // per_step)
@@ -221,7 +227,7 @@ def main() -> None:
 
     t_index = time.perf_counter()
     raw = work / "index-raw"
-    build(tokens, raw, log, ["--features", "--max-memory-gb", args.max_memory_gb])
+    build(tokens, raw, log, ["--features", *cap_build, "--max-memory-gb", args.max_memory_gb])
     decs = []
     for n in args.decontaminate:
         decs.append(work / f"index-dec{n}")
@@ -230,8 +236,9 @@ def main() -> None:
     sources = {name: feature_source(sets) for name, sets in variants.items()}
     feature_index = {"loo": raw, "folds": work / f"index-folds{args.features_folds}"}
     if any(src == "folds" for src, _ in sources.values()):
-        build(tokens, feature_index["folds"], log, ["--features", "--features-folds", args.features_folds, "--features-span",
-                                                    args.decontaminate[0], "--max-memory-gb", args.max_memory_gb])
+        build(tokens, feature_index["folds"], log, ["--features", *cap_build, "--features-folds", args.features_folds,
+                                                    "--features-span", args.decontaminate[0],
+                                                    "--max-memory-gb", args.max_memory_gb])
     index_s = time.perf_counter() - t_index
 
     config = None if args.tiny else args.config
@@ -241,7 +248,7 @@ def main() -> None:
                for name, (src, sets) in sources.items()}
     seconds["base"] = train(config, run_sets, tokens, runs["base"], steps, log)
     extra = ["--batch-size", args.eval_batch_size, *(["--max-tokens", args.max_eval_tokens] if args.max_eval_tokens else []),
-             *(["--device", "cpu"] if args.tiny else [])]
+             *(["--device", "cpu"] if args.tiny else []), *(["--index-max-len", args.index_max_len] if capped else [])]
     indexes = [raw, *decs, *(path for _, path in args.extras)]
     evals = {k: evaluate(run, tokens, indexes, work / f"eval-{k}.json", log, extra) for k, run in runs.items()}
 
@@ -272,7 +279,8 @@ def main() -> None:
     arch = cfg.model.arch
     notes = (f"{arch} {cfg.model.n_layer}x{cfg.model.d_model}, seq_len {cfg.model.seq_len}, {steps} steps x {per_step} tokens "
              f"({steps * per_step:,} tokens, one pass: no window read twice), same seed and windows with and without "
-             f"the index; with it (top-{cfg.index.topk}, delta {cfg.index.delta}, trained on the raw index's leave-one-out "
+             f"the index; with it (top-{cfg.index.topk}, delta {cfg.index.delta}, matches capped at {cfg.index.max_len} "
+             f"tokens, trained on the raw index's leave-one-out "
              f"features, or with features=folds on lookups in {args.features_folds} fold indexes decontaminated against "
              f"their fold at N = {args.decontaminate[0]}), variants {', '.join(f'{n}: ' + ' '.join(v) for n, v in variants.items())}; headline metrics: "
              f"{head}, the others under quality_variant_<name>_*. Evaluated on {metrics['quality_val_tokens']:,} validation tokens, "

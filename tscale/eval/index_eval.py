@@ -2,9 +2,9 @@
 
 For each `--index DIR`, every val token gets the index's lookup of the context before it:
 from the index's stored features when the index was built (with --features) from exactly
-this token folder, otherwise looked up now with Index.lookup (same limits as the stored
-ones: max length 64, contexts restart after eos, no exclusion, since validation documents are
-never in an index). A model trained with the index is fed these lookups; any model's loss is
+this token folder with the same match cap, otherwise looked up now with Index.lookup (matches
+capped at the model's index.max_len, or --index-max-len for a model without the index; contexts
+restart after eos; no exclusion, since validation documents are never in an index). A model trained with the index is fed these lookups; any model's loss is
 broken down by the match-length bucket of the context (0, 1-3, 4-7, 8-15, 16-31, >=32), so a
 raw and a decontaminated index can be compared bucket by bucket (docs/index.md).
 """
@@ -18,7 +18,8 @@ from tscale.data.loader import WindowFeatures
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.index import Index
-from tscale.index.features import FEATURES_VERSION, StoredFeatures, fresh_features, same_tokens, tokens_match
+from tscale.index.features import (FEATURE_MAX_LEN, FEATURES_VERSION, StoredFeatures, fresh_features, same_tokens,
+                                   tokens_match)
 from tscale.index.mixing import BUCKET_EDGES, bucket_labels
 
 SHORT_MATCH = 16  # "below_16": tokens whose context matched fewer than this many tokens
@@ -29,23 +30,26 @@ def bucket_of(match_len: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.asarray(BUCKET_EDGES), match_len, side="right")
 
 
-def val_features(index_path: str | Path, folder: TokenFolder, topk: int, max_tokens: int | None) -> tuple[WindowFeatures, dict]:
-    """The val split's lookups against the index at `index_path`, and what the eval record says about the index."""
+def val_features(index_path: str | Path, folder: TokenFolder, topk: int, max_tokens: int | None,
+                 max_len: int = FEATURE_MAX_LEN) -> tuple[WindowFeatures, dict]:
+    """The val split's lookups against the index at `index_path` (matches capped at `max_len`), and what the
+    eval record says about the index."""
     index = Index(index_path)
     index.check_tokens(folder)
     m = index.manifest
     stored = m.get("features")
-    usable = bool(stored) and stored.get("version") == FEATURES_VERSION and stored["topk"] >= topk and tokens_match(m, folder)
+    usable = (bool(stored) and stored.get("version") == FEATURES_VERSION and stored["topk"] >= topk
+              and stored.get("max_len", FEATURE_MAX_LEN) == max_len and tokens_match(m, folder))
     if usable:
-        records = StoredFeatures(index_path, folder, topk).shards("val")
+        records = StoredFeatures(index_path, folder, topk, max_len).shards("val")
         how = "stored features"
     else:
         records, left = [], max_tokens
         for shard in folder.shards("val"):
-            records.append(fresh_features(index, shard, topk, None if left is None else left + 1))
+            records.append(fresh_features(index, shard, topk, None if left is None else left + 1, max_len))
             left = None if left is None else max(0, left - (len(shard.tokens) - 1))
         how = "looked up now"
-    info = {"index": str(index.path), "lookups": how, "index_tokens": m["num_tokens"],
+    info = {"index": str(index.path), "lookups": how, "index_tokens": m["num_tokens"], "max_len": max_len,
             "decontamination": m.get("decontamination")}
     d = info["decontamination"]
     if d:  # against these validation documents, or another folder's?
@@ -73,3 +77,15 @@ def check_index_use(ckpt_path: Path, model_uses_index: bool, indexes: list) -> N
                         f"give --index INDEX_DIR to evaluate it")
     if len(set(map(str, indexes))) != len(indexes):
         raise UserError(f"--index: the same folder is given twice ({', '.join(map(str, indexes))})")
+
+
+def lookup_max_len(ckpt, index_max_len: int | None) -> int:
+    """The match cap of the val lookups: the model's own index.max_len if it was trained with the index (another
+    --index-max-len is refused: it would feed the model lookups unlike its training), else --index-max-len or 64."""
+    if ckpt.index_cfg is None:
+        return FEATURE_MAX_LEN if index_max_len is None else index_max_len
+    own = ckpt.index_cfg.max_len
+    if index_max_len is not None and index_max_len != own:
+        raise UserError(f"--index-max-len {index_max_len}: {ckpt.path} was trained with index.max_len = {own}; "
+                        f"leave --index-max-len out (or give {own})")
+    return own

@@ -28,7 +28,7 @@ import torch.nn as nn
 from tscale.data.loader import WindowFeatures
 from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
-from tscale.eval.index_eval import bucket_of, bucket_summary, check_index_use, val_features
+from tscale.eval.index_eval import bucket_of, bucket_summary, check_index_use, lookup_max_len, val_features
 from tscale.index.mixing import NUM_BUCKETS
 from tscale.model.loss import token_losses
 
@@ -204,11 +204,13 @@ def run_dir_of(ckpt: str | os.PathLike) -> Path | None:
 def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, device: torch.device | str = "cpu",
                         batch_size: int = 8, max_tokens: int | None = None,
                         on_progress: Callable[[int, int], None] | None = None, precision: str = "bf16",
-                        indexes: list[str | os.PathLike] = ()) -> dict:
+                        indexes: list[str | os.PathLike] = (), index_max_len: int | None = None) -> dict:
     """Load CKPT (checkpoint or run folder), check the tokenizer, score the val split: the eval.json record.
 
     precision: "bf16" (as trained) or a low-precision inference mode of tscale.precision.INFER_MODES.
     indexes: index folders to score against, one pass each (see the module docstring).
+    index_max_len: the lookups' match cap for a model trained without the index (its match-length
+    buckets); a model trained with the index takes its own index.max_len, and another value is refused.
     """
     from tscale.precision import quantize_for_inference
     from tscale.train.checkpoint import load_model
@@ -229,9 +231,10 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     if not indexes:
         return {**head, **evaluate(model, folder, device, batch_size, max_tokens, on_progress)}
     topk = ck.index_cfg.topk if uses_index else 1
+    max_len = lookup_max_len(ck, index_max_len)
     entries = []
     for path in indexes:
-        features, info = val_features(path, folder, topk, max_tokens)
+        features, info = val_features(path, folder, topk, max_tokens, max_len)
         entries.append({**info, **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features)})
     first = {k: v for k, v in entries[0].items() if k not in ("index", "lookups", "index_tokens", "decontamination")}
     return {**head, **first, "indexes": entries}

@@ -54,7 +54,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
                 decontaminate: int | None = None, features: bool = False, shard_tokens: int | None = None,
                 quiet: bool = False, workers: int | None = None, features_topk: int = feats.DEFAULT_TOPK,
                 features_folds: int | None = None, features_span: int = DEFAULT_FEATURES_SPAN,
-                decontaminate_against: str | os.PathLike | None = None) -> dict:
+                decontaminate_against: str | os.PathLike | None = None,
+                features_max_len: int = feats.FEATURE_MAX_LEN) -> dict:
     """Build the index folder `out` from the token folder `tokens`; return its manifest.
 
     decontaminate: drop the training documents sharing that many tokens with a validation document
@@ -65,6 +66,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     `features_topk` next tokens and their counts (tscale/index/features.py). Train tokens are
     looked up leave-one-out in this index, or with `features_folds` K, each fold in an index
     of the other folds decontaminated against it at `features_span` tokens (tscale/index/folds.py).
+    Every lookup's match is capped at `features_max_len` tokens (a model reads them with index.max_len
+    the same).
     """
     out = Path(out)
     if out.exists():
@@ -75,6 +78,9 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
     if not 1 <= features_topk <= feats.MAX_TOPK:
         raise UserError(f"--features-topk {features_topk}: must be between 1 and {feats.MAX_TOPK}")
+    feats.check_max_len(features_max_len, "--features-max-len")
+    if features_max_len != feats.FEATURE_MAX_LEN and not features:
+        raise UserError(f"--features-max-len {features_max_len}: only with --features (it caps their lookups)")
     if features_folds is not None:
         if not features:
             raise UserError("--features-folds: only with --features (it says how the training features are looked up)")
@@ -110,11 +116,12 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
         if features:
             splits = ("val",) if features_folds else ("train", "val")
-            written = feats.write_features(Index(tmp), folder, tmp, progress, topk=features_topk, splits=splits)
+            written = feats.write_features(Index(tmp), folder, tmp, progress, topk=features_topk, splits=splits,
+                                           max_len=features_max_len)
             if features_folds:
                 train = write_fold_features(folder, tmp, features_folds, features_span, features_topk, progress,
                                             lambda drop, dest: write_index(folder, drop, limit, workers, dest, progress,
-                                                                           "fold index"))
+                                                                           "fold index"), features_max_len)
                 written["files"] = train.pop("files") + written["files"]
                 written["record"]["train_lookups"] = train
                 written["record"]["leave_one_out"] = "train tokens are looked up in their fold's index (train_lookups)"

@@ -3,7 +3,8 @@
 Each record is FEATURE_DTYPE, packed, one per token of the token shard of the same name,
 about the context that ends at that token (the index's view of the token that follows it):
 
-  len    uint8            longest match of the context in the index (capped at FEATURE_MAX_LEN)
+  len    uint8            longest match of the context in the index, capped at the features' max_len
+                          (FEATURE_MAX_LEN unless built with --features-max-len; at most MAX_FEATURE_LEN)
   next   token dtype (k,) the k most frequent tokens that followed that context in the index,
                           most frequent first; `none_token` (= vocab_size) where there are fewer
   count  uint32 (k,)      how often each followed it (0 for none; ranges above FEATURE_MAX_SUPPORT
@@ -32,7 +33,8 @@ from tscale.index.lookup import DEFAULT_MAX_SUPPORT, INDEX_FORMAT, INDEX_VERSION
 from tscale.manifest import MANIFEST, load_manifest
 
 FEATURES_VERSION = 2
-FEATURE_MAX_LEN = 64
+FEATURE_MAX_LEN = 64  # the default cap on a lookup's match length (index.max_len, --features-max-len)
+MAX_FEATURE_LEN = 255  # the len field is one byte
 FEATURE_MAX_SUPPORT = DEFAULT_MAX_SUPPORT
 DEFAULT_TOPK = 4
 MAX_TOPK = 64
@@ -59,10 +61,12 @@ def pack(lens: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, dtype: np.dtype, no
 
 
 def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progress | None = None,
-                   topk: int = DEFAULT_TOPK, splits: tuple[str, ...] = ("train", "val")) -> dict:
+                   topk: int = DEFAULT_TOPK, splits: tuple[str, ...] = ("train", "val"),
+                   max_len: int = FEATURE_MAX_LEN) -> dict:
     """Write features for every shard of `splits` of `folder` into `out`; return {"files": [...], "record": {...}}."""
     if not 1 <= topk <= MAX_TOPK:
         raise UserError(f"--features-topk {topk}: must be between 1 and {MAX_TOPK}")
+    check_max_len(max_len, "--features-max-len")
     index.check_tokens(folder)
     own = index.doc_ranges()
     dtype = feature_dtype(folder.dtype, topk)
@@ -72,14 +76,14 @@ def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progr
         for k, (name, shard) in enumerate(zip(folder.manifest["splits"][split]["shards"], folder.shards(split))):
             rec = np.zeros(len(shard.tokens), dtype=dtype)
             for s, e, excl in doc_batches(shard, k, own if split == "train" else None):
-                looked = index.lookup(shard.tokens[s:e], excl, max_len=FEATURE_MAX_LEN, topk=topk,
+                looked = index.lookup(shard.tokens[s:e], excl, max_len=max_len, topk=topk,
                                       max_support=FEATURE_MAX_SUPPORT)
                 rec[s:e] = pack(*looked, dtype, index.vocab_size)
                 if progress:
                     progress.advance(task, e - s)
             rec.tofile(out / feature_name(name))
             files.append(feature_name(name))
-    record = {"version": FEATURES_VERSION, "topk": topk, "max_len": FEATURE_MAX_LEN, "max_support": FEATURE_MAX_SUPPORT,
+    record = {"version": FEATURES_VERSION, "topk": topk, "max_len": max_len, "max_support": FEATURE_MAX_SUPPORT,
               "dtype": [list(f) for f in dtype.descr], "record_bytes": dtype.itemsize, "none_token": index.vocab_size,
               "leave_one_out": "train tokens ignore occurrences overlapping their own document"}
     return {"files": files, "record": record}
@@ -102,13 +106,19 @@ def doc_batches(shard: Shard, shard_no: int, own: dict | None, limit: int | None
         d0 = d1
 
 
-def fresh_features(index: Index, shard: Shard, topk: int, limit: int | None = None) -> np.ndarray:
+def check_max_len(max_len: int, what: str) -> None:
+    if not 1 <= max_len <= MAX_FEATURE_LEN:
+        raise UserError(f"{what} {max_len}: must be between 1 and {MAX_FEATURE_LEN}")
+
+
+def fresh_features(index: Index, shard: Shard, topk: int, limit: int | None = None,
+                   max_len: int = FEATURE_MAX_LEN) -> np.ndarray:
     """Records of a shard without exclusion (validation), looked up now; only the first `limit` tokens are filled."""
     dtype = feature_dtype(shard.tokens.dtype, topk)
     rec = np.zeros(len(shard.tokens), dtype=dtype)
     rec["next"] = index.vocab_size
     for s, e, _ in doc_batches(shard, 0, None, limit):
-        looked = index.lookup(shard.tokens[s:e], None, max_len=FEATURE_MAX_LEN, topk=topk, max_support=FEATURE_MAX_SUPPORT)
+        looked = index.lookup(shard.tokens[s:e], None, max_len=max_len, topk=topk, max_support=FEATURE_MAX_SUPPORT)
         rec[s:e] = pack(*looked, dtype, index.vocab_size)
     return rec
 
@@ -134,7 +144,7 @@ def same_tokens(identity: dict, folder: TokenFolder) -> bool:
 class StoredFeatures:
     """The features an index folder holds for its own token folder, memory-mapped per split and shard."""
 
-    def __init__(self, index_path: str | Path, folder: TokenFolder, topk: int):
+    def __init__(self, index_path: str | Path, folder: TokenFolder, topk: int, max_len: int = FEATURE_MAX_LEN):
         self.path = Path(index_path)
         m = load_manifest(self.path, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
         where = self.path / MANIFEST
@@ -151,6 +161,10 @@ class StoredFeatures:
         if topk > record["topk"]:
             raise UserError(f"index.topk {topk}: {self.path} stores only {record['topk']} next tokens per position; "
                             f"lower index.topk or rebuild with --features-topk {topk}")
+        built = record.get("max_len", FEATURE_MAX_LEN)
+        if built != max_len:
+            raise UserError(f"index.max_len {max_len}: the features in {self.path} were looked up with matches capped at "
+                            f"{built} tokens; set index.max_len = {built} or rebuild with --features-max-len {max_len}")
         self.record, self.topk = record, topk
         self.none_token: int = record["none_token"]
         self.dtype = feature_dtype(folder.dtype, record["topk"])

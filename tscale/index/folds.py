@@ -64,7 +64,7 @@ def fold_dropped(folder: TokenFolder, fold_of: list[np.ndarray], k: int, span: i
 
 
 def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, topk: int, progress: Progress | None,
-                        build: Callable[[list[np.ndarray], Path], dict]) -> dict:
+                        build: Callable[[list[np.ndarray], Path], dict], max_len: int = feats.FEATURE_MAX_LEN) -> dict:
     """Write the train features of `folder` into `out`, fold by fold; the record of how (with "files").
 
     build(dropped, dest) writes an index of the train documents not dropped into dest and
@@ -90,7 +90,7 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, t
             sizes.append({"fold": k, "index_tokens": fields["num_tokens"], "index_docs": fields["num_docs"],
                           "fold_docs": int(sum(int((f == k).sum()) for f in fold_of))})
             for rec, shard, f in zip(outputs, folder.shards("train"), fold_of):
-                done = _look_up_fold(index, shard, f == k, rec, dtype, folder.vocab_size, topk)
+                done = _look_up_fold(index, shard, f == k, rec, dtype, folder.vocab_size, topk, max_len)
                 if progress:
                     progress.advance(task, done)
             del index
@@ -103,7 +103,7 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, t
 
 
 def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype: np.dtype, vocab_size: int,
-                  topk: int) -> int:
+                  topk: int, max_len: int) -> int:
     """Fill rec at the tokens of the documents `mine` of `shard` with their lookups in `index`; tokens done."""
     starts, ends = shard.docs[:, 0].astype(np.int64), shard.doc_ends.astype(np.int64)
     idx = np.flatnonzero(mine)
@@ -113,7 +113,7 @@ def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype:
     while d0 < len(idx):  # batches of whole documents: contexts restart after each document's eos
         d1 = max(d0 + 1, int(np.searchsorted(ends, starts[d0] + feats.BATCH_TOKENS, side="right")))
         pos = _positions(starts[d0:d1], ends[d0:d1])
-        looked = index.lookup(np.asarray(shard.tokens)[pos], None, max_len=feats.FEATURE_MAX_LEN, topk=topk,
+        looked = index.lookup(np.asarray(shard.tokens)[pos], None, max_len=max_len, topk=topk,
                               max_support=feats.FEATURE_MAX_SUPPORT)
         rec[pos] = feats.pack(*looked, dtype, vocab_size)
         done += len(pos)

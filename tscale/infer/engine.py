@@ -9,7 +9,7 @@ joined are exactly the final text. Batch files (JSONL in, JSONL out) are in `tsc
 
 A model trained with the token index is fed its lookups at every position (IndexLookups):
 the prompt's all at once, then, for each new token, the longest match of the context's last
-FEATURE_MAX_LEN tokens (exactly what the whole context gives, as matches are capped there).
+index.max_len tokens (exactly what the whole context gives, as matches are capped there).
 """
 
 import contextlib
@@ -63,13 +63,13 @@ class Completion:
 class IndexLookups:
     """Lookups of a growing token sequence in an index, as the IndexFeatures a model takes."""
 
-    def __init__(self, index: Index, topk: int, device: torch.device):
-        self.index, self.topk, self.device = index, topk, device
+    def __init__(self, index: Index, topk: int, device: torch.device, max_len: int = FEATURE_MAX_LEN):
+        self.index, self.topk, self.device, self.max_len = index, topk, device, max_len
 
     def last(self, ids: list[int], n: int) -> IndexFeatures:
         """Features (1, n[, K]) of the last n positions of `ids`."""
-        ctx = ids[-(n + FEATURE_MAX_LEN - 1):]
-        lens, nxt, cnt = self.index.lookup(ctx, None, max_len=FEATURE_MAX_LEN, topk=self.topk,
+        ctx = ids[-(n + self.max_len - 1):]
+        lens, nxt, cnt = self.index.lookup(ctx, None, max_len=self.max_len, topk=self.topk,
                                            max_support=FEATURE_MAX_SUPPORT)
         parts = (lens[-n:].astype("int64"), nxt[-n:], cnt[-n:])  # (n,), (n, K), (n, K)
         return IndexFeatures(*(torch.from_numpy(a).unsqueeze(0) for a in parts)).to(self.device)
@@ -121,7 +121,8 @@ class Engine:
         opened = open_index_for(open_checkpoint(path), index)
         model, ckpt = load_model(path, device)
         quantize_for_inference(model, precision)
-        lookups = IndexLookups(opened, ckpt.index_cfg.topk, torch.device(device)) if opened is not None else None
+        lookups = (IndexLookups(opened, ckpt.index_cfg.topk, torch.device(device), ckpt.index_cfg.max_len)
+                   if opened is not None else None)
         return cls(model, load_tokenizer(ckpt.tokenizer_path), device, lookups)
 
     def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:
