@@ -4,9 +4,10 @@ For each `--index DIR`, every val token gets the index's lookup of the context b
 from the index's stored features when the index was built (with --features) from exactly
 this token folder with the same match cap, otherwise looked up now with Index.lookup (matches
 capped at the model's index.max_len, or --index-max-len for a model without the index; contexts
-restart after eos; no exclusion, since validation documents are never in an index). A model trained with the index is fed these lookups; any model's loss is
-broken down by the match-length bucket of the context (0, 1-3, 4-7, 8-15, 16-31, >=32), so a
-raw and a decontaminated index can be compared bucket by bucket (docs/index.md).
+restart after eos; no exclusion, since validation documents are never in an index). A model
+trained with the index is fed these lookups; any model's loss is broken down by the match-length
+bucket of the context (0, 1-3, 4-7, 8-15, 16-31, >=32), so a raw and a decontaminated index can
+be compared bucket by bucket (docs/index.md).
 """
 
 import math

@@ -236,5 +236,6 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     for path in indexes:
         features, info = val_features(path, folder, topk, max_tokens, max_len)
         entries.append({**info, **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features)})
-    first = {k: v for k, v in entries[0].items() if k not in ("index", "lookups", "index_tokens", "decontamination")}
+    first = {k: v for k, v in entries[0].items()
+             if k not in ("index", "lookups", "index_tokens", "max_len", "decontamination")}
     return {**head, **first, "indexes": entries}
