@@ -353,6 +353,13 @@ def test_capped_features_are_the_lookups_at_that_cap(token_folder, tmp_path):
         StoredFeatures(index.path, folder, topk=3)
     assert val_features(index.path, folder, 3, None, cap)[1]["lookups"] == "stored features"
     assert val_features(index.path, folder, 3, None, 64)[1]["lookups"] == "looked up now"
+    for fold_cap in (2, 64):  # fold features: their (shorter) matches are capped too
+        build_index(token_folder, tmp_path / f"folds{fold_cap}", features=True, features_topk=3, features_folds=2,
+                    features_max_len=fold_cap, quiet=True)
+    fold_len = {c: np.concatenate(StoredFeatures(tmp_path / f"folds{c}", folder, 3, c).shards("train"))["len"]
+                for c in (2, 64)}
+    assert fold_len[2].max() == 2 < fold_len[64].max()
+    np.testing.assert_array_equal(fold_len[2], np.minimum(fold_len[64], 2))
     with pytest.raises(UserError, match="only with --features"):
         build_index(token_folder, tmp_path / "x", features_max_len=8, quiet=True)
     with pytest.raises(UserError, match="--features-max-len 0"):
