@@ -102,8 +102,8 @@ def test_scaled_mm_rows_later_calls_take_the_first_calls_path(monkeypatch, dtype
     a, w, sa, sw = _rows_operands(dtype, seed=6)
     want = (a.double() @ w.double().t()) * sa.double() * sw.double().t()  # (M, N)
     choices = []
-    full = lowprec._product_and_path
-    monkeypatch.setattr(lowprec, "_product_and_path", lambda *args: choices.append(1) or full(*args))
+    full = lowprec._product
+    monkeypatch.setattr(lowprec, "_product", lambda *args: choices.append(1) or full(*args))
     for _ in range(3):
         torch.testing.assert_close(lowprec.scaled_mm_rows(a, w, sa, sw, torch.float32).double(), want,
                                    rtol=1e-5, atol=1e-5)

@@ -309,13 +309,10 @@ def _say(kind: str, path: str, device_type: str) -> None:
         log.info("ops: %s products via %s (first on %s)", kind, path, device_type)
 
 
-def _product(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> torch.Tensor:
-    """The first path of product_paths that runs; the reference (always last) cannot fail."""
-    return _product_and_path(kind, a, b, scale_a, scale_b, out_dtype, fast_accum)[0]
-
-
-def _product_and_path(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> tuple:
-    """(the product, the name of the path that made it)."""
+def _product(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: bool = False) -> tuple[torch.Tensor, str]:
+    """fp8_mm's or int8_mm's (kind) argument checks, then the first path of product_paths that runs (the reference,
+    always last, cannot fail): (the product, the name of its path)."""
+    _check_mm_args(f"{kind}_mm", a, b, scale_a, scale_b, (torch.int8,) if kind == "int8" else FP8_DTYPES)
     problem = _problem(kind, a, b, scale_a, scale_b, out_dtype)
     for path in product_paths(kind, a, b, scale_a, scale_b, out_dtype, problem):
         if path == "reference":
@@ -334,24 +331,25 @@ def _product_and_path(kind: str, a, b, scale_a, scale_b, out_dtype, fast_accum: 
     return _scaled_product_reference(a, b, scale_a, scale_b, out_dtype), "reference"
 
 
+def _kind(a: torch.Tensor) -> str:
+    """The product kind of an operand: "int8" or "fp8"."""
+    return "int8" if a.dtype == torch.int8 else "fp8"
+
+
 def fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
            out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
-    _check_mm_args("fp8_mm", a, b, scale_a, scale_b, FP8_DTYPES)
-    return _product("fp8", a, b, scale_a, scale_b, out_dtype, fast_accum)
+    return _product("fp8", a, b, scale_a, scale_b, out_dtype, fast_accum)[0]
 
 
 def int8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
             out_dtype: torch.dtype) -> torch.Tensor:
-    _check_mm_args("int8_mm", a, b, scale_a, scale_b, (torch.int8,))
-    return _product("int8", a, b, scale_a, scale_b, out_dtype)
+    return _product("int8", a, b, scale_a, scale_b, out_dtype)[0]
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
               out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
     """fp8_mm or int8_mm, by the operands' dtype (fast_accum: fp8 only)."""
-    if a.dtype == torch.int8:
-        return int8_mm(a, b, scale_a, scale_b, out_dtype)
-    return fp8_mm(a, b, scale_a, scale_b, out_dtype, fast_accum)
+    return _product(_kind(a), a, b, scale_a, scale_b, out_dtype, fast_accum)[0]
 
 
 # (path setting, operand dtypes and shapes, device, scale shapes and dtypes, out_dtype, fast_accum) -> the call
@@ -392,11 +390,9 @@ def _scaled_mm_rows_impl(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor
             return plan(a, b, scale_a, scale_b)
         except RuntimeError:
             _row_plans[key] = None  # scaled_mm's own path choice and fallbacks from now on
-    kind = "int8" if a.dtype == torch.int8 else "fp8"
-    _check_mm_args(f"{kind}_mm", a, b.t(), scale_a, scale_b.t(), (torch.int8,) if kind == "int8" else FP8_DTYPES)
-    out, path = _product_and_path(kind, a, b.t(), scale_a, scale_b.t(), out_dtype, fast_accum)
+    out, path = _product(_kind(a), a, b.t(), scale_a, scale_b.t(), out_dtype, fast_accum)
     if key not in _row_plans:
-        _row_plans[key] = _row_plan(path, kind, out_dtype, fast_accum)
+        _row_plans[key] = _row_plan(path, _kind(a), out_dtype, fast_accum)
     return out
 
 

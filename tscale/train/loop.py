@@ -190,8 +190,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
                         f"torch.compiler.nested_compile_region; set train.compile_block_once = false")
     model.compile_block_once = cfg.train.compile_block_once  # traced once, reused by every block (block_region.py)
     converted = convert_linears_as_configured(model, cfg.precision)
-    if cfg.train.compile_block_once and converted and not block_region.HOLDS_AUTOGRAD_FUNCTIONS \
-            and any(getattr(m, "recipe", None) is not None and m.recipe.in_graph for m in model.modules()):
+    traced = bool(converted) and model.get_submodule(converted[0]).recipe.in_graph  # one recipe for every layer
+    if cfg.train.compile_block_once and traced and not block_region.HOLDS_AUTOGRAD_FUNCTIONS:
         raise UserError(f'train.compile_block_once with precision.recipe = "{cfg.precision.recipe}" needs torch >= 2.13 '
                         f"(this torch, {torch.__version__}, cannot compile its traced products once per block): "
                         "set train.compile_block_once = false")
