@@ -20,12 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arch_speed import ARCHS, EXTRA  # noqa: E402
-from common import REPO, write_json  # noqa: E402
+from common import REPO  # noqa: E402
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
 from tscale.config import load_config  # noqa: E402
+from tscale.fileio import write_json_atomic  # noqa: E402
 from tscale.model import build_model  # noqa: E402
 from tscale.optim import build_optimizer  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
@@ -116,7 +117,7 @@ def main() -> None:
         report[arch] = {"kernel_ms_per_step": round(busy, 3), "optimizer_step_ms": round(opt, 3),
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
-    write_json(args.out, report)
+    write_json_atomic(args.out, report)
     print(f"-> {args.out}")
 
 

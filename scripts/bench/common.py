@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from tscale.fileio import write_json_atomic
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -35,14 +37,6 @@ def measurement_stamp() -> str:
     return f"{datetime.date.today().isoformat()}, {gpu_name()}, torch {torch.__version__}, commit {git_commit()}"
 
 
-def write_json(path: Path, data) -> None:
-    """data as indented JSON at path, written whole or not at all (a temporary file renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def write_record(name: str, metrics: dict, notes: str, out_dir: Path, header: dict | None = None) -> Path:
     """docs/bench/NAME.json in the schema of DESIGN.md; a re-run replaces it.
 
@@ -63,11 +57,8 @@ def write_record(name: str, metrics: dict, notes: str, out_dir: Path, header: di
         "metrics": metrics,
         "notes": notes,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, record)
     return path
 
 
@@ -118,7 +109,5 @@ def merge_metrics(name: str, metrics: dict, part_note: str, out_dir: Path, drop_
     record["metrics"] = {**kept_metrics, **metrics}
     command = command or " ".join(["python", *sys.argv])
     record["command"] = "; ".join([c for c in record.get("command", "").split("; ") if c and c != command] + [command])
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, record)
     return path

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arch_profile import loop_kernel_ms  # noqa: E402
-from common import REPO, measurement_stamp, write_json  # noqa: E402
+from common import REPO, measurement_stamp  # noqa: E402
 from lowprec_project import kernel_class  # noqa: E402
 from lowprec_train import RECIPES, SIZES, TINY, recipe_sets  # noqa: E402
 from train_throughput import random_token_folder  # noqa: E402
@@ -30,6 +30,7 @@ from train_throughput import random_token_folder  # noqa: E402
 import torch  # noqa: E402
 
 from tscale.config import load_config  # noqa: E402
+from tscale.fileio import write_json_atomic  # noqa: E402
 
 # kinds of kernel besides the products, by substrings of their names, tried in this order before
 # the products (lowprec_project.kernel_class); rowwise_kernel ... cast_tiles are tscale's quantize
@@ -117,7 +118,7 @@ def main() -> None:
                     print(f"  {ms:8.3f} ms  {kind_of(name):11s} {name[:100]}", flush=True)
             if cuda:
                 torch.cuda.empty_cache()
-            write_json(args.out, report)  # after every recipe: a run stopped by a time limit keeps what it measured
+            write_json_atomic(args.out, report)  # after every recipe: a run stopped by its time limit keeps the rest
     print(f"-> {args.out}")
 
 
