@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The 124M index benchmark on one GPU machine, over calls that continue each other (docs/index.md §12-13).
+#
+#   bash scripts/device/index_runs.sh PART OUT_DIR SECONDS [index_quality.py options...]   (repository root)
+#
+#   quality  mix + code slice (.devdata/data: mix.jsonl.xz, code-slice.jsonl.xz, gpt2-bpe/) tokenized into
+#            .cache/issue6/tokens, then scripts/bench/index_quality.py --train-tokens 49152000 --decontaminate 32
+#            with its work in .cache/issue6/iq; the data files are first copied to .cache/issue6/data
+#   larger   scripts/bench/index_larger.sh run .cache/issue6 .devdata/extra/linux-extra.jsonl.xz with
+#            DATA=.cache/issue6/data: the 4x decontaminated index, then the same index_quality.py run
+#            continued with every model also scored against it (so this call needs only .devdata/extra)
+# Options after SECONDS go to index_quality.py (e.g. --index-max-len 16); give the same ones to both parts.
+# Everything stops SECONDS after the start; finished stages are kept in .cache/issue6 (an ignored folder
+# that stays on the machine between calls), so the same command continues where it stopped. The
+# extension is built only when it is missing. OUT_DIR gets console.log, index.json (docs/bench/index.json
+# as the run left it) and results.tar.gz (the work folder's log and eval records, the setup logs).
+set -u -o pipefail
+PART=${1:?usage: index_runs.sh PART OUT_DIR SECONDS [options]}
+OUT=${2:?usage: index_runs.sh PART OUT_DIR SECONDS [options]}
+deadline=$(( $(date +%s) + ${3:?usage: index_runs.sh PART OUT_DIR SECONDS [options]} ))
+shift 3
+left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
+WORK=.cache/issue6
+mkdir -p "$OUT" "$WORK/logs"
+exec > >(tee -a "$OUT/console.log") 2>&1
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if ! python3 -c "import pydantic, tscale._C" 2>/dev/null; then
+  source scripts/device/setup_env.sh "$WORK/logs" || exit 1
+fi
+pack() {
+  cp docs/bench/index.json "$OUT/index.json"
+  tar -czf "$OUT/results.tar.gz" "$WORK/logs" $(compgen -G "$WORK/iq/eval-*.json") $(compgen -G "$WORK/iq/log.txt") \
+    $(compgen -G "$WORK/iq/run-*/metrics.jsonl") 2>/dev/null
+}
+trap pack EXIT
+case $PART in
+  quality)
+    mkdir -p "$WORK/data"
+    for f in mix.jsonl.xz code-slice.jsonl.xz gpt2-bpe; do [ -e "$WORK/data/$f" ] || cp -r ".devdata/data/$f" "$WORK/data/"; done
+    if [ ! -f "$WORK/tokens/manifest.json" ]; then
+      t0=$(date +%s)
+      timeout "$(left)" python3 -m tscale tokenize "$WORK/data/mix.jsonl.xz" "$WORK/data/code-slice.jsonl.xz" \
+        --tokenizer "$WORK/data/gpt2-bpe" -o "$WORK/tokens" --quiet || exit 1
+      echo "tokenized in $(( $(date +%s) - t0 )) s"
+    fi
+    timeout "$(left)" python3 scripts/bench/index_quality.py "$WORK/tokens" --train-tokens 49152000 \
+      --decontaminate 32 --work "$WORK/iq" "$@" ;;
+  larger)
+    [ -d "$WORK/data" ] || { echo "index_runs.sh larger: $WORK/data missing (run part quality first on this machine)"; exit 2; }
+    DATA="$WORK/data" timeout "$(left)" bash scripts/bench/index_larger.sh run "$WORK" \
+      .devdata/extra/linux-extra.jsonl.xz "$@" ;;
+  *) echo "index_runs.sh: unknown part '$PART' (quality or larger)"; exit 2 ;;
+esac
