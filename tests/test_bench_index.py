@@ -50,6 +50,25 @@ def test_extra_index_argument_and_evaluations_kept_only_for_the_same_indexes(tmp
     assert len(calls) == 2 and [e["index"] for e in r["indexes"]] == [str(raw), str(big)]
 
 
+def test_a_capped_run_is_recorded_beside_the_headline_not_over_it(tmp_path):
+    from common import merge_metrics
+
+    def record(metrics, cap):
+        named, part, drop = index_quality.record_part(metrics, cap)
+        merge_metrics("index", named, f"{part}: run at cap {cap}", tmp_path, drop_prefixes=drop, stamp="s", command="c")
+        return json.loads((tmp_path / "index.json").read_text())
+
+    record({"ppl_reduction_decontaminated": 0.11, "quality_ppl_without_index": 9.02}, None)
+    r = record({"ppl_reduction_decontaminated": 0.10, "quality_ppl_without_index": 9.00}, 16)
+    assert r["metrics"]["ppl_reduction_decontaminated"] == 0.11  # the headline stays the default configuration's
+    assert r["metrics"]["cap16_ppl_reduction_decontaminated"] == 0.10
+    r = record({"ppl_reduction_decontaminated": 0.12}, 16)  # a later run at the same cap replaces that run only
+    assert "cap16_quality_ppl_without_index" not in r["metrics"] and r["metrics"]["quality_ppl_without_index"] == 9.02
+    assert r["metrics"]["cap16_ppl_reduction_decontaminated"] == 0.12
+    assert [p.split(":")[0] for p in r["notes"].split("\n\n")] == ["quality (index_quality.py)",
+                                                                    "quality, matches capped at 16 (index_quality.py)"]
+
+
 def _write_jsonl(path: Path, docs: list[tuple[str, str]]) -> Path:
     path.write_text("".join(json.dumps({"source": "notes", "doc": d, "text": t}) + "\n" for d, t in docs))
     return path

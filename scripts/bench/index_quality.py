@@ -128,6 +128,20 @@ def last_rate(run: Path) -> float | None:
     return rates[-1] if rates else None
 
 
+def record_part(metrics: dict, cap: int | None) -> tuple[dict, str, tuple[str, ...]]:
+    """(metrics, part name, prefixes to drop) of a run in docs/bench/index.json.
+
+    The headline keys belong to the default configuration; a run with --index-max-len L is a
+    variant of it, so its metrics are named capL_* and its notes paragraph is its own, and it
+    replaces only an earlier run at the same cap.
+    """
+    if cap is None:
+        return metrics, "quality (index_quality.py)", QUALITY_KEYS
+    prefix = f"cap{cap}_"
+    return ({prefix + k: v for k, v in metrics.items()}, f"quality, matches capped at {cap} (index_quality.py)",
+            tuple(prefix + k for k in QUALITY_KEYS))
+
+
 FEATURE_SOURCES = ("features=loo", "features=folds")  # a variant's item choosing its training features (not a config key)
 
 
@@ -296,8 +310,9 @@ def main() -> None:
                   + (f"decontaminated at N = {d['ngram']} against the validation documents of {against})" if d else "raw)"))
     if args.tiny:
         notes = "TINY CPU RUN (a smoke test, not a measurement). " + notes
-    path = merge_metrics("index", metrics, f"quality (index_quality.py): {notes}", Path(out), drop_prefixes=QUALITY_KEYS)
-    print(json.dumps({k: v for k, v in metrics.items() if k.startswith("ppl_reduction")}, indent=1))
+    metrics, part, drop = record_part(metrics, args.index_max_len)
+    path = merge_metrics("index", metrics, f"{part}: {notes}", Path(out), drop_prefixes=drop)
+    print(json.dumps({k: v for k, v in metrics.items() if "ppl_reduction" in k}, indent=1))
     print(f"-> {path}")
 
 
