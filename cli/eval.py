@@ -23,7 +23,8 @@ from tscale.precision import INFER_MODES
 @click.option("--plot", type=click.Path(), help="Also draw the run's train/val loss curves into this PNG.")
 @click.option("--index", "indexes", multiple=True, type=click.Path(),
               help="Index folder to score against (repeatable: e.g. a raw and a decontaminated one); a model trained "
-              "with the index needs one. Adds the loss by match-length bucket.")
+              "with the index needs one, and is also scored once with its lookups switched off. Adds the loss by "
+              "match-length bucket.")
 @click.option("--index-max-len", type=click.IntRange(1, 255), metavar="L",
               help="Cap the --index lookups' matches at L tokens, for a model trained without the index (its "
               "buckets; default 64); a model trained with the index uses its own index.max_len.")
@@ -54,6 +55,8 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index
     _print_table(result)
     for entry in result.get("indexes", []):
         _print_buckets(entry, result["model_uses_index"])
+    if "without_index" in result:
+        _print_buckets(result["without_index"], False)
     console = Console(highlight=False)
     console.print(f"-> {out}")
     if metrics is not None:
@@ -85,8 +88,12 @@ def _print_buckets(e: dict, fed: bool) -> None:
         what = f"decontaminated ({d['ngram']}-grams{against})"
         if not e.get("decontaminated_against_this_split", True):
             what += ", NOT against these validation documents"
-    title = (f"against index {e['index']} ({what}, {e['lookups']}): loss {e['val_loss']:.4f}, perplexity "
-             f"{e['perplexity']:.2f}{'' if fed else ' (the model does not use the index)'}")
+    if e["lookups"] == "hidden":
+        title = (f"lookups switched off (the network alone), in the buckets of index {e['index']} ({what}): "
+                 f"loss {e['val_loss']:.4f}, perplexity {e['perplexity']:.2f}")
+    else:
+        title = (f"against index {e['index']} ({what}, {e['lookups']}): loss {e['val_loss']:.4f}, perplexity "
+                 f"{e['perplexity']:.2f}{'' if fed else ' (the model does not use the index)'}")
     table = Table(title=title)
     for col in ("match length", "tokens", "share", "loss", "perplexity"):
         table.add_column(col, justify="left" if col == "match length" else "right")

@@ -359,6 +359,11 @@ def test_eval_index_breaks_loss_down_by_match_length(world, runs, tmp_path):
         assert sum(b["nats"] for b in buckets.values()) == pytest.approx(e["val_loss"] * e["val_tokens"], rel=1e-9)
         short = sum(buckets[k]["tokens"] for k in ("0", "1-3", "4-7", "8-15"))
         assert e["below_16"]["tokens"] == short
+    off = r["without_index"]  # the same model with its lookups switched off, in the first index's buckets
+    assert off["lookups"] == "hidden" and off["index"] == str(raw) and off["val_tokens"] == r["val_tokens"]
+    assert [b["tokens"] for b in off["by_match_len"].values()] == [b["tokens"] for b in r["by_match_len"].values()]
+    assert off["val_loss"] != pytest.approx(r["val_loss"], rel=1e-4)  # the lookups reach the inputs and the mixture
+    assert "lookups switched off (the network alone)" in result.output
     long_raw = sum(b["tokens"] for k, b in r["indexes"][0]["by_match_len"].items() if k in ("16-31", ">=32"))
     long_dec = sum(b["tokens"] for k, b in r["indexes"][1]["by_match_len"].items() if k in ("16-31", ">=32"))
     assert long_raw > long_dec  # the copied spans are what decontamination removes
@@ -371,7 +376,7 @@ def test_eval_index_breaks_loss_down_by_match_length(world, runs, tmp_path):
         assert got["tokens"] == b["tokens"] and got["nats"] == pytest.approx(b["nats"], rel=1e-6)
 
     base = evaluate_checkpoint(run_base, tokens, indexes=[raw, dec])
-    assert not base["model_uses_index"]
+    assert not base["model_uses_index"] and "without_index" not in base  # its own numbers are without the index
     assert base["indexes"][0]["val_loss"] == base["indexes"][1]["val_loss"] == base["val_loss"]
     assert base["indexes"][0]["by_match_len"] != base["indexes"][1]["by_match_len"]
 

@@ -174,6 +174,8 @@ def feature_source(sets: list[str]) -> tuple[str, list[str]]:
 def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
     """ppl reductions overall, below 16 and per bucket, and bucket shares, for each index name (in eval order)."""
     m = {"quality_ppl_without_index": round(base["perplexity"], 4), "quality_val_tokens": base["val_tokens"]}
+    if "without_index" in idx:  # the index model's network alone (its lookups switched off), against the baseline
+        m["quality_ppl_index_model_lookups_off"] = round(idx["without_index"]["perplexity"], 4)
     for name, b, i in zip(names, base["indexes"], idx["indexes"]):
         m[f"ppl_reduction_{name}"] = round(1 - i["perplexity"] / b["perplexity"], 4)
         m[f"quality_ppl_with_index_{name}"] = round(i["perplexity"], 4)

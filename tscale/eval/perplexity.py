@@ -11,7 +11,9 @@ scored on the same targets: a trained model must beat `unigram_loss`.
 With the token index (`--index DIR`, repeatable; tscale/eval/index_eval.py), the split is
 scored once per index: a model trained with the index is fed that index's lookups, and every
 model's loss is also broken down by match-length bucket. The record's top-level numbers are
-then those of the first index; "indexes" holds one full record per index.
+then those of the first index; "indexes" holds one full record per index. A model trained with
+the index is also scored with its lookups switched off ("without_index": the network alone, in
+the first index's buckets), so its own perplexity stands beside the baseline's.
 """
 
 import contextlib
@@ -29,7 +31,7 @@ from tscale.data.loader import WindowFeatures
 from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
 from tscale.eval.index_eval import bucket_of, bucket_summary, check_index_use, lookup_max_len, val_features
-from tscale.index.mixing import NUM_BUCKETS
+from tscale.index.mixing import NUM_BUCKETS, IndexFeatures
 from tscale.model.loss import token_losses
 
 COUNT_CHUNK = 1 << 24  # tokens per bincount pass over the train shards
@@ -113,11 +115,13 @@ class _Tally:
 @torch.no_grad()
 def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str = "cpu", batch_size: int = 8,
              max_tokens: int | None = None, on_progress: Callable[[int, int], None] | None = None,
-             features: WindowFeatures | None = None) -> dict:
+             features: WindowFeatures | None = None, hide_lookups: bool = False) -> dict:
     """Score the val split; the dict has val_tokens, val_loss, perplexity, bits_per_byte, unigram_loss, by_source.
 
     features: the val split's index lookups; fed to a model built with the index, and used by
     any model for the by_match_len / below_16 breakdown added to the dict.
+    hide_lookups: a model built with the index is fed "no match anywhere" instead (the network
+    alone: the mixture's gate is exactly 0 there), still broken down by the lookups' buckets.
     """
     device = torch.device(device)
     seq_len = model.cfg.seq_len
@@ -143,7 +147,8 @@ def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str =
         feats = features.gather([(k, s) for k, s, _ in items], x.shape[1]) if features is not None else None
         with autocast():
             if feed:
-                nats = model(x, index=feats.to(device), targets=y)  # (B, L)
+                fed = IndexFeatures.empty(*x.shape, features.topk) if hide_lookups else feats
+                nats = model(x, index=fed.to(device), targets=y)  # (B, L)
             else:
                 nats = token_losses(model(x), y)  # (B, L)
         nats = nats.double().cpu().numpy()
@@ -232,10 +237,13 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
         return {**head, **evaluate(model, folder, device, batch_size, max_tokens, on_progress)}
     topk = ck.index_cfg.topk if uses_index else 1
     max_len = lookup_max_len(ck, index_max_len)
-    entries = []
+    entries, hidden = [], None
     for path in indexes:
         features, info = val_features(path, folder, topk, max_tokens, max_len)
         entries.append({**info, **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features)})
+        if uses_index and hidden is None:  # the same model with its lookups switched off, in the first index's buckets
+            hidden = {**info, "lookups": "hidden",
+                      **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features, hide_lookups=True)}
     first = {k: v for k, v in entries[0].items()
              if k not in ("index", "lookups", "index_tokens", "max_len", "decontamination")}
-    return {**head, **first, "indexes": entries}
+    return {**head, **first, "indexes": entries, **({"without_index": hidden} if hidden else {})}
