@@ -24,11 +24,18 @@ from tscale.precision import INFER_MODES
 @click.option("--stop", multiple=True, help="Stop when the text contains this string (not included); repeatable.")
 @click.option("--index", "index_dir", type=click.Path(),
               help="Index folder to look contexts up in; needed by (and only allowed for) a model trained with the token index.")
+@click.option("--draft-index", type=click.Path(),
+              help="Index folder (any index of the model's tokenizer) whose continuation of the context is proposed as "
+              "draft tokens, checked by the model in the same forward pass: fewer passes, greedy output unchanged, "
+              "sampled output equally distributed.")
+@click.option("--draft-tokens", type=int, default=8, show_default=True, help="Most draft tokens per forward pass.")
+@click.option("--draft-min-match", type=int, default=4, show_default=True,
+              help="Draft only while the context matches at least this many tokens in the draft index.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
-def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, index_dir, device,
-          precision) -> None:
+def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, index_dir,
+          draft_index, draft_tokens, draft_min_match, device, precision) -> None:
     """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
     if (prompt is None) == (prompts_file is None):
         raise UserError("give exactly one of --prompt TEXT and --prompts FILE.jsonl")
@@ -38,18 +45,26 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
         raise UserError("--out goes with --prompts; a single --prompt streams to stdout")
     params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed).check()
     err = Console(stderr=True, highlight=False)
+
+    def load() -> Engine:
+        return Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir, draft_index,
+                                      draft_tokens, draft_min_match)
+
+    def drafts(c) -> str:
+        return f", {c.passes} passes, {c.accepted} of {c.drafted} draft tokens kept" if draft_index is not None else ""
+
     if prompts_file is not None:
         requests = read_requests(prompts_file, params)
         check_new_output(out)
-        engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir)
+        engine = load()
 
         def report(i, c):
-            err.print(f"[{i + 1}/{len(requests)}] {c.tokens} tokens, {c.finish_reason}")
+            err.print(f"[{i + 1}/{len(requests)}] {c.tokens} tokens, {c.finish_reason}{drafts(c)}")
 
         write_completions(engine, requests, out, on_done=report)
         err.print(f"{len(requests)} completion(s) -> {out}")
         return
-    engine = Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir)
+    engine = load()
     stream = engine.stream(prompt, params)
     for piece in stream:
         sys.stdout.write(piece)
@@ -57,5 +72,5 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
     sys.stdout.write("\n")
     sys.stdout.flush()
     c = stream.completion
-    err.print(f"[{c.tokens} tokens, finish: {c.finish_reason}]", style="dim")
+    err.print(f"[{c.tokens} tokens, finish: {c.finish_reason}{drafts(c)}]", style="dim")
 

@@ -10,6 +10,10 @@ joined are exactly the final text. Batch files (JSONL in, JSONL out) are in `tsc
 A model trained with the token index is fed its lookups at every position (IndexLookups):
 the prompt's all at once, then, for each new token, the longest match of the context's last
 index.max_len tokens (exactly what the whole context gives, as matches are capped there).
+
+With a drafter (tscale/infer/draft.py; any model, `--draft-index`), each forward pass also
+scores tokens an index proposes as the continuation, and the accepted ones come out of the same
+pass: greedy output is unchanged, sampled output keeps its distribution, fewer passes are run.
 """
 
 import contextlib
@@ -27,6 +31,7 @@ from tscale.fileio import sha256_file
 from tscale.index.features import FEATURE_MAX_LEN, FEATURE_MAX_SUPPORT
 from tscale.index.lookup import Index
 from tscale.index.mixing import IndexFeatures
+from tscale.infer.draft import DraftStats, IndexDrafter, accept
 from tscale.infer.sampling import SamplingParams, make_generator, sample_next
 
 REPLACEMENT = "\ufffd"  # what the decoder shows for bytes of a character not complete yet
@@ -58,6 +63,9 @@ class Completion:
     text: str
     finish_reason: str  # "eos" | "stop" | "length"
     tokens: int  # tokens sampled, the eos or the ones spelling a stop string included
+    passes: int = 0  # forward passes of the model, the prompt's included
+    drafted: int = 0  # draft tokens checked (with a drafter)
+    accepted: int = 0  # of those, kept
 
 
 class IndexLookups:
@@ -85,10 +93,15 @@ def open_index_for(ckpt, index_path: str | os.PathLike | None) -> Index | None:
     if index_path is None:
         raise UserError(f"{ckpt.path}: the model was trained with the token index (index.json); "
                         f"give --index INDEX_DIR")
+    return open_index_of_tokenizer(ckpt, index_path, "--index")
+
+
+def open_index_of_tokenizer(ckpt, index_path: str | os.PathLike, option: str) -> Index:
+    """The index at `index_path`, refused in one line unless it was built with the tokenizer of ckpt's model."""
     index = Index(index_path)
     want, have = index.manifest["tokens"]["tokenizer_sha256"], sha256_file(ckpt.tokenizer_path)
     if want != have:
-        raise UserError(f"--index {index_path}: built with another tokenizer than the model of {ckpt.path} "
+        raise UserError(f"{option} {index_path}: built with another tokenizer than the model of {ckpt.path} "
                         f"(sha256 {want[:12]}… vs {have[:12]}…); use an index of the model's token folder")
     return index
 
@@ -97,9 +110,10 @@ class Engine:
     """A model in eval mode, its tokenizer and device: turns prompts into completions."""
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu",
-                 lookups: IndexLookups | None = None):
+                 lookups: IndexLookups | None = None, drafter: IndexDrafter | None = None):
         self.model = model
         self.lookups = lookups
+        self.drafter = drafter
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.eos = eos_id(tokenizer)
@@ -110,20 +124,33 @@ class Engine:
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
-                        precision: str = "bf16", index: str | os.PathLike | None = None) -> "Engine":
+                        precision: str = "bf16", index: str | os.PathLike | None = None,
+                        draft_index: str | os.PathLike | None = None, draft_tokens: int = 8,
+                        draft_min_match: int = 4) -> "Engine":
         """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8").
 
         index: the index folder a model trained with the token index looks its contexts up in.
+        draft_index: an index (of the model's tokenizer) to draft up to draft_tokens tokens a pass
+        from, while the context's match there is at least draft_min_match tokens long.
         """
         from tscale.precision import quantize_for_inference
         from tscale.train.checkpoint import load_model, open_checkpoint
 
-        opened = open_index_for(open_checkpoint(path), index)
+        opened_ckpt = open_checkpoint(path)
+        opened = open_index_for(opened_ckpt, index)
+        drafter = None
+        if draft_index is not None:
+            if draft_tokens < 1:
+                raise UserError(f"--draft-tokens {draft_tokens}: must be at least 1")
+            if not 1 <= draft_min_match <= FEATURE_MAX_LEN:
+                raise UserError(f"--draft-min-match {draft_min_match}: must be in [1, {FEATURE_MAX_LEN}]")
+            drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
+                                   draft_min_match)
         model, ckpt = load_model(path, device)
         quantize_for_inference(model, precision)
         lookups = (IndexLookups(opened, ckpt.index_cfg.topk, torch.device(device), ckpt.index_cfg.max_len)
                    if opened is not None else None)
-        return cls(model, load_tokenizer(ckpt.tokenizer_path), device, lookups)
+        return cls(model, load_tokenizer(ckpt.tokenizer_path), device, lookups, drafter)
 
     def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:
         """Prompt ids; an empty prompt starts from eos. `<|endoftext|>` in the text is the eos token."""
@@ -133,31 +160,64 @@ class Engine:
                             f"(shorten it; the model sees at most model.seq_len tokens)")
         return ids
 
+    def _logits(self, x: torch.Tensor, cache, ids: list[int]) -> torch.Tensor:
+        """Logits (1, n, V) of x (1, n), the last n tokens of `ids`, continuing the cache."""
+        with self._autocast():
+            if self.lookups is None:
+                return self.model(x, cache)
+            return self.model(x, cache, index=self.lookups.last(ids, x.shape[1]))
+
     @torch.no_grad()
     def token_stream(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-                     generator: torch.Generator | None) -> Iterator[int]:
-        """Sampled ids, one per forward pass; ends after max_new_tokens, or once the context is full.
+                     generator: torch.Generator | None, stats: DraftStats | None = None) -> Iterator[int]:
+        """Sampled ids; ends after max_new_tokens, or once the context is full. `stats` counts the passes.
 
-        Lazy: the next forward pass runs only when the consumer asks for the next id, so a
-        consumer that stops (eos, stop string) costs nothing more.
+        One forward pass per id, or with a drafter one per accepted draft plus the model's token
+        after it. Lazy: the next forward pass runs only when the consumer asks for an id past
+        those already decided, so a consumer that stops (eos, stop string) costs nothing more.
         """
+        stats = stats if stats is not None else DraftStats()
         if max_new_tokens <= 0:
+            return
+        if self.drafter is not None:
+            yield from self._drafted_stream(prompt_ids, max_new_tokens, sampling, generator, stats)
             return
         cache = self.model.new_cache(1, self.seq_len, self.device, self.cache_dtype)
         ids = list(prompt_ids)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, P)
         for i in range(max_new_tokens):
-            with self._autocast():
-                if self.lookups is None:
-                    logits = self.model(x, cache)[:, -1]  # (1, V)
-                else:
-                    logits = self.model(x, cache, index=self.lookups.last(ids, x.shape[1]))[:, -1]
+            logits = self._logits(x, cache, ids)[:, -1]  # (1, V)
+            stats.passes += 1
             tok = int(sample_next(logits, sampling, generator)[0])
             yield tok
             if cache.pos >= self.seq_len:  # the next token would have no position left
                 return
             ids.append(tok)
             x = torch.tensor([[tok]], dtype=torch.long, device=self.device)  # (1, 1)
+
+    def _drafted_stream(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+                        generator: torch.Generator | None, stats: DraftStats) -> Iterator[int]:
+        """token_stream with drafts: each pass runs the tokens not yet cached plus a draft, and keeps what it accepts."""
+        cache = self.model.new_cache(1, self.seq_len, self.device, self.cache_dtype)
+        ids, pending, made = list(prompt_ids), list(prompt_ids), 0  # pending: ids not in the cache yet
+        while True:
+            room = min(self.seq_len - cache.pos - len(pending), max_new_tokens - made - 1)
+            draft = self.drafter.draft(ids, room) if room > 0 else []
+            start = cache.pos
+            x = torch.tensor([pending + draft], dtype=torch.long, device=self.device)  # (1, p + n)
+            logits = self._logits(x, cache, ids + draft)[0, len(pending) - 1:]  # (n + 1, V)
+            kept, tok = accept(logits, draft, sampling, generator)
+            stats.passes += 1
+            stats.drafted += len(draft)
+            stats.accepted += kept
+            cache.truncate(start + len(pending) + kept)  # forget the rejected draft tokens' keys and values
+            new = [*draft[:kept], tok]
+            ids += new
+            made += len(new)
+            yield from new
+            if made >= max_new_tokens or cache.pos >= self.seq_len:
+                return
+            pending = [tok]
 
     def stream(self, prompt: str, params: GenerationParams, prompt_ids: list[int] | None = None) -> "TextStream":
         params.check()
@@ -181,9 +241,11 @@ class TextStream:
     def __iter__(self) -> Iterator[str]:
         eng, stops = self.engine, self.params.stop
         generator = make_generator(self.params.seed)
+        stats = DraftStats()
         ids: list[int] = []
         text, emitted, sampled, reason = "", 0, 0, "length"
-        for tok in eng.token_stream(self.prompt_ids, self.params.max_new_tokens, self.params.sampling, generator):
+        for tok in eng.token_stream(self.prompt_ids, self.params.max_new_tokens, self.params.sampling, generator,
+                                    stats):
             sampled += 1
             if tok == eng.eos:
                 reason = "eos"
@@ -205,7 +267,7 @@ class TextStream:
                 text, reason = text[:cut], "stop"
         if len(text) > emitted:
             yield text[emitted:]
-        self.completion = Completion(self.prompt, text, reason, sampled)
+        self.completion = Completion(self.prompt, text, reason, sampled, stats.passes, stats.drafted, stats.accepted)
 
 
 def _trailing_replacements(text: str) -> int:
@@ -233,4 +295,5 @@ def _held_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
 
 
 __all__ = ["EOS", "FINISH_REASONS", "Completion", "Engine", "GenerationParams", "IndexLookups", "TextStream",
+           "open_index_of_tokenizer",
            "open_index_for"]

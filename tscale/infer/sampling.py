@@ -59,16 +59,20 @@ def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def next_token_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution (B, V) that sampling draws from, for float32 CPU logits (B, V): temperature, top-k, top-p."""
+    logits = logits / params.temperature
+    logits = filter_top_k(logits, params.top_k)
+    logits = filter_top_p(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Token ids (B,) chosen from last-position logits (B, V)."""
     logits = logits.detach().float().cpu()  # (B, V)
     if params.greedy:
         return torch.argmax(logits, dim=-1)
-    logits = logits / params.temperature
-    logits = filter_top_k(logits, params.top_k)
-    logits = filter_top_p(logits, params.top_p)
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.multinomial(next_token_probs(logits, params), 1, generator=generator).squeeze(-1)
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -39,3 +39,9 @@ class KVCache:
 
     def advance(self, t: int) -> None:
         self.pos += t
+
+    def truncate(self, pos: int) -> None:
+        """Forget the positions from `pos` on (a speculative draft's rejected tokens); later calls overwrite them."""
+        if not 0 <= pos <= self.pos:
+            raise ValueError(f"cannot truncate a KV cache of {self.pos} positions to {pos}")
+        self.pos = pos
