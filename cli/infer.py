@@ -29,7 +29,7 @@ from tscale.precision import INFER_MODES
               "draft tokens, checked by the model in the same forward pass: fewer passes, greedy output unchanged, "
               "sampled output equally distributed.")
 @click.option("--draft-tokens", type=int, default=8, show_default=True, help="Most draft tokens per forward pass.")
-@click.option("--draft-min-match", type=int, default=4, show_default=True,
+@click.option("--draft-min-match", type=int, default=8, show_default=True,
               help="Draft only while the context matches at least this many tokens in the draft index.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,

@@ -38,7 +38,7 @@ class DraftStats:
 class IndexDrafter:
     """Draft tokens for a context from an index built with the model's tokenizer."""
 
-    def __init__(self, index: Index, max_tokens: int = 8, min_match: int = 4, max_len: int = FEATURE_MAX_LEN):
+    def __init__(self, index: Index, max_tokens: int = 8, min_match: int = 8, max_len: int = FEATURE_MAX_LEN):
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens}: must be at least 1")
         if not 1 <= min_match <= max_len:

@@ -126,7 +126,7 @@ class Engine:
     def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
                         precision: str = "bf16", index: str | os.PathLike | None = None,
                         draft_index: str | os.PathLike | None = None, draft_tokens: int = 8,
-                        draft_min_match: int = 4) -> "Engine":
+                        draft_min_match: int = 8) -> "Engine":
         """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8").
 
         index: the index folder a model trained with the token index looks its contexts up in.
