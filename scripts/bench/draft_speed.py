@@ -9,8 +9,8 @@ INDEX). Each prompt is continued greedily for --new-tokens tokens (fewer where t
 context ends), once plainly and once per (draft tokens, min match) pair with drafts from INDEX
 (`tscale infer --draft-index`), in --rounds interleaved rounds; the median round counts. Every
 drafted continuation is compared with the plain one: greedy drafting must not change a token.
-One untimed prompt first warms every engine (the index builds its token-pair table on its first
-lookup). Reported per setting: tokens/s (the prompt's forward pass included), forward passes per token,
+An untimed round first warms every engine (the index builds its token-pair table on its first
+lookup; a GPU picks its kernels for each pass width). Reported per setting: tokens/s (the prompt's forward pass included), forward passes per token,
 the share of draft tokens kept, and the speed-up over plain decoding in the same run.
 """
 
@@ -80,8 +80,8 @@ def main() -> None:
     prompts = val_prompts(args.tokens, args.prompts, args.prompt_tokens, plain.eos)
     settings = [(t, m) for t in args.draft_tokens for m in args.min_match]
     engines = {s: Engine(plain.model, plain.tokenizer, device, drafter=IndexDrafter(index, *s)) for s in settings}
-    for eng in (plain, *engines.values()):  # untimed: the index's pair table is built on its first lookup
-        run(eng, prompts[:1], 8)
+    for eng in (plain, *engines.values()):  # an untimed round: the index's pair table, the GPU's kernels for each width
+        run(eng, prompts, args.new_tokens)
     times: dict = {"plain": [], **{s: [] for s in settings}}
     stats: dict = {}
     reference = None
