@@ -28,7 +28,7 @@ from tscale.infer.sampling import SamplingParams, next_token_probs
 
 @dataclass
 class DraftStats:
-    """What drafting did over one generation."""
+    """Forward passes over one generation, and what drafting proposed and kept."""
 
     passes: int = 0  # forward passes of the model (the prompt's included)
     drafted: int = 0  # draft tokens the model checked
