@@ -25,7 +25,7 @@ WORK=.cache/issue6
 mkdir -p "$OUT" "$WORK/logs"
 exec > >(tee -a "$OUT/console.log") 2>&1
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-if ! python3 -c "import pydantic, tscale._C" 2>/dev/null; then
+if ! python3 -c "import torch, pydantic, tscale._C" 2>/dev/null; then  # torch first: it loads libc10
   source scripts/device/setup_env.sh "$WORK/logs" || exit 1
 fi
 pack() {
