@@ -89,6 +89,27 @@ def test_drafter_follows_the_corpus_and_stops_when_the_match_is_short(world):
     assert IndexDrafter(Index(noise), max_tokens=6, min_match=4).draft(ctx) == []  # nothing matches 4 tokens there
 
 
+def test_drafts_equal_those_of_whole_context_lookups(world):
+    _, prompt, greedy, copy, noise = world
+
+    def reference(index, ids, n, min_match):  # every draft token looked up with the context's last 64 tokens
+        ctx, out = list(ids), []
+        while len(out) < n:
+            lens, nxt, _ = index.lookup(np.asarray(ctx[-64:], dtype=np.int64), None, max_len=64, topk=1)
+            if lens[-1] < min_match or nxt[-1, 0] < 0:
+                break
+            out.append(int(nxt[-1, 0]))
+            ctx.append(out[-1])
+        return out
+
+    for path in (copy, noise):
+        index = Index(path)
+        for cut in range(0, 40, 3):
+            ctx = prompt + greedy[:cut]
+            for m in (1, 3):
+                assert IndexDrafter(index, max_tokens=10, min_match=m).draft(ctx) == reference(index, ctx, 10, m)
+
+
 def test_accept_greedy_keeps_the_agreeing_prefix():
     logits = torch.full((4, 5), -1.0)  # (n + 1, V): the model's choices are 2, 3, 1, 4
     for row, best in enumerate([2, 3, 1, 4]):

@@ -50,13 +50,15 @@ class IndexDrafter:
         n = self.max_tokens if limit is None else min(self.max_tokens, limit)
         ctx = list(ids[-self.max_len:])
         out: list[int] = []
+        window = self.max_len  # tokens of context to look up: a match one token longer than the last at most
         while len(out) < n and ctx:
-            lens, nxt, _ = self.index.lookup(np.asarray(ctx[-self.max_len:], dtype=np.int64), None,
+            lens, nxt, _ = self.index.lookup(np.asarray(ctx[-window:], dtype=np.int64), None,
                                              max_len=self.max_len, topk=1, max_support=FEATURE_MAX_SUPPORT)
             if lens[-1] < self.min_match or nxt[-1, 0] < 0:
                 break
             out.append(int(nxt[-1, 0]))
             ctx.append(out[-1])
+            window = min(self.max_len, int(lens[-1]) + 1)
         return out
 
 
