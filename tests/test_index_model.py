@@ -21,6 +21,7 @@ from tscale.index import Index, build_index
 from tscale.index.features import FEATURE_MAX_LEN, StoredFeatures, doc_batches
 from tscale.index.mixing import IndexFeatures, IndexMixer, bucket_labels
 from tscale.infer import Engine, GenerationParams, SamplingParams
+from tscale.infer.draft import DraftStats
 from tscale.model import build_model
 from tscale.ops.backend import kernels_available
 from tscale.train.loop import train_run
@@ -419,3 +420,8 @@ def test_infer_index_generates_and_refuses_mismatches(world, runs):
         logp = engine.model(torch.tensor([ids]), index=feats)  # (1, T, V)
     assert len(generated) == SEQ_LEN - len(prompt) >= 2 and lens.max() >= len(prompt)
     assert generated == logp[0, len(prompt) - 1:-1].argmax(-1).tolist()
+
+    drafting = Engine.from_checkpoint(run_index, "cpu", index=raw, draft_index=raw, draft_min_match=1)
+    stats = DraftStats()
+    assert list(drafting.token_stream(prompt, params.max_new_tokens, params.sampling, None, stats)) == generated
+    assert stats.drafted > 0 and stats.passes + stats.accepted == len(generated)  # lookups fed at every draft position
