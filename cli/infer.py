@@ -1,5 +1,6 @@
-"""`tscale infer`: checkpoint + prompt(s) -> completion on stdout, or prompts JSONL -> completions JSONL."""
+"""`tscale infer`: checkpoint + prompt(s) -> completion on stdout, prompts JSONL -> completions JSONL, or an HTTP server."""
 
+import os
 import sys
 
 import click
@@ -8,6 +9,7 @@ from rich.console import Console
 from tscale.devices import resolve_device
 from tscale.errors import UserError
 from tscale.infer import Engine, GenerationParams, SamplingParams, check_new_output, read_requests, write_completions
+from tscale.infer.server import API_KEY_ENV, CompletionServer, require_secret
 from tscale.precision import INFER_MODES
 
 
@@ -31,14 +33,20 @@ from tscale.precision import INFER_MODES
 @click.option("--draft-tokens", type=int, default=8, show_default=True, help="Most draft tokens per forward pass.")
 @click.option("--draft-min-match", type=int, default=8, show_default=True,
               help="Draft only while the context matches at least this many tokens in the draft index.")
+@click.option("--serve", is_flag=True,
+              help="Serve OpenAI-compatible completions over HTTP (POST /v1/completions, GET /v1/models) until "
+              f"interrupted; requests carry their own sampling settings. Any --host but loopback needs {API_KEY_ENV}.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address --serve listens on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port --serve listens on (0: any free port).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
 def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, index_dir,
-          draft_index, draft_tokens, draft_min_match, device, precision) -> None:
+          draft_index, draft_tokens, draft_min_match, serve, host, port, device, precision) -> None:
     """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
-    if (prompt is None) == (prompts_file is None):
-        raise UserError("give exactly one of --prompt TEXT and --prompts FILE.jsonl")
+    if (prompt is not None) + (prompts_file is not None) + serve != 1:
+        raise UserError("give exactly one of --prompt TEXT, --prompts FILE.jsonl and --serve")
     if prompts_file is not None and out is None:
         raise UserError("--prompts needs --out FILE.jsonl for the completions")
     if prompt is not None and out is not None:
@@ -53,6 +61,20 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
     def drafts(c) -> str:
         return f", {c.passes} passes, {c.accepted} of {c.drafted} draft tokens kept" if draft_index is not None else ""
 
+    if serve:
+        if out is not None:
+            raise UserError("--out goes with --prompts, not --serve")
+        key = os.environ.get(API_KEY_ENV) or None
+        require_secret(host, key)
+        server = CompletionServer(load(), os.path.basename(os.path.normpath(ckpt)), host, port, key)
+        err.print(f"serving {ckpt} at {server.url} (POST /v1/completions, GET /v1/models); Ctrl-C stops")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            err.print("stopped")
+        finally:
+            server.server_close()
+        return
     if prompts_file is not None:
         requests = read_requests(prompts_file, params)
         check_new_output(out)
