@@ -9,6 +9,8 @@
 #   larger   scripts/bench/index_larger.sh run .cache/issue6 .devdata/extra/linux-extra.jsonl.xz with
 #            DATA=.cache/issue6/data: the 4x decontaminated index, then the same index_quality.py run
 #            continued with every model also scored against it (so this call needs only .devdata/extra)
+#   draft    after quality: scripts/bench/draft_speed.py with the 124M model trained without the index,
+#            drafting from the raw index of the same tokens, on the GPU (options after SECONDS go to it)
 # Options after SECONDS go to index_quality.py (e.g. --index-max-len 16); give the same ones to both parts.
 # Everything stops SECONDS after the start; finished stages are kept in .cache/issue6 (an ignored folder
 # that stays on the machine between calls), so the same command continues where it stopped. The
@@ -50,5 +52,9 @@ case $PART in
     [ -d "$WORK/data" ] || { echo "index_runs.sh larger: $WORK/data missing (run part quality first on this machine)"; exit 2; }
     DATA="$WORK/data" timeout "$(left)" bash scripts/bench/index_larger.sh run "$WORK" \
       .devdata/extra/linux-extra.jsonl.xz "$@" ;;
-  *) echo "index_runs.sh: unknown part '$PART' (quality or larger)"; exit 2 ;;
+  draft)
+    [ -d "$WORK/iq/run-base/ckpt" ] || { echo "index_runs.sh draft: no $WORK/iq/run-base (run part quality first)"; exit 2; }
+    timeout "$(left)" python3 scripts/bench/draft_speed.py "$WORK/iq/run-base" "$WORK/tokens" "$WORK/iq/index-raw" \
+      --device cuda --out "$OUT" "$@" ;;
+  *) echo "index_runs.sh: unknown part '$PART' (quality, larger or draft)"; exit 2 ;;
 esac
