@@ -31,8 +31,10 @@ from tscale.precision import INFER_MODES
               "draft tokens, checked by the model in the same forward pass: fewer passes, greedy output unchanged, "
               "sampled output equally distributed.")
 @click.option("--draft-tokens", type=int, default=8, show_default=True, help="Most draft tokens per forward pass.")
-@click.option("--draft-min-match", type=int, default=8, show_default=True,
+@click.option("--draft-min-match", type=int, default=4, show_default=True,
               help="Draft only while the context matches at least this many tokens in the draft index.")
+@click.option("--draft-dominance", type=float, default=4.0, show_default=True,
+              help="Draft a token only if it followed the context at least this many times as often as the runner-up.")
 @click.option("--serve", is_flag=True,
               help="Serve OpenAI-compatible completions over HTTP (POST /v1/completions, GET /v1/models) until "
               f"interrupted; requests carry their own sampling settings. Any --host but loopback needs {API_KEY_ENV}.")
@@ -43,7 +45,7 @@ from tscale.precision import INFER_MODES
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
 def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, index_dir,
-          draft_index, draft_tokens, draft_min_match, serve, host, port, device, precision) -> None:
+          draft_index, draft_tokens, draft_min_match, draft_dominance, serve, host, port, device, precision) -> None:
     """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
     if (prompt is not None) + (prompts_file is not None) + serve != 1:
         raise UserError("give exactly one of --prompt TEXT, --prompts FILE.jsonl and --serve")
@@ -56,7 +58,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
 
     def load() -> Engine:
         return Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir, draft_index,
-                                      draft_tokens, draft_min_match)
+                                      draft_tokens, draft_min_match, draft_dominance)
 
     def drafts(c) -> str:
         return f", {c.passes} passes, {c.accepted} of {c.drafted} draft tokens kept" if draft_index is not None else ""

@@ -60,7 +60,7 @@ def test_greedy_output_is_unchanged_and_takes_fewer_passes(world):
 def test_greedy_output_is_unchanged_when_drafts_are_wrong(world):
     ckpt, prompt, greedy, _, noise = world
     stats = DraftStats()
-    got = list(drafted(ckpt, noise, draft_min_match=1).token_stream(prompt, 200, GREEDY, None, stats))
+    got = list(drafted(ckpt, noise, draft_min_match=1, draft_dominance=1).token_stream(prompt, 200, GREEDY, None, stats))
     assert got == greedy
     assert stats.drafted > stats.accepted  # drafts were proposed and (mostly) refused
     assert stats.passes + stats.accepted == len(greedy)
@@ -92,11 +92,11 @@ def test_drafter_follows_the_corpus_and_stops_when_the_match_is_short(world):
 def test_drafts_equal_those_of_whole_context_lookups(world):
     _, prompt, greedy, copy, noise = world
 
-    def reference(index, ids, n, min_match):  # every draft token looked up with the context's last 64 tokens
+    def reference(index, ids, n, min_match, dominance):  # every draft token looked up with the context's last 64
         ctx, out = list(ids), []
         while len(out) < n:
-            lens, nxt, _ = index.lookup(np.asarray(ctx[-64:], dtype=np.int64), None, max_len=64, topk=1)
-            if lens[-1] < min_match or nxt[-1, 0] < 0:
+            lens, nxt, cnt = index.lookup(np.asarray(ctx[-64:], dtype=np.int64), None, max_len=64, topk=2)
+            if lens[-1] < min_match or nxt[-1, 0] < 0 or cnt[-1, 0] < dominance * cnt[-1, 1]:
                 break
             out.append(int(nxt[-1, 0]))
             ctx.append(out[-1])
@@ -106,8 +106,20 @@ def test_drafts_equal_those_of_whole_context_lookups(world):
         index = Index(path)
         for cut in range(0, 40, 3):
             ctx = prompt + greedy[:cut]
-            for m in (1, 3):
-                assert IndexDrafter(index, max_tokens=10, min_match=m).draft(ctx) == reference(index, ctx, 10, m)
+            for m, r in ((1, 1), (3, 1), (1, 2)):
+                got = IndexDrafter(index, max_tokens=10, min_match=m, dominance=r).draft(ctx)
+                assert got == reference(index, ctx, 10, m, r)
+
+
+def test_dominance_keeps_drafts_to_clear_continuations(tmp_path):
+    tok = make_tokenizer(tmp_path / "tok")
+    docs = [[5, 6, 7, 8, 9, 11]] * 3 + [[5, 6, 7, 8, 10, 12]] * 2  # after 5 6 7 8: 9 three times, 10 twice
+    folder = make_token_folder(tmp_path / "t", tok, {"train": [(0, d, 12) for d in docs]}, ["s"])
+    build_index(folder, tmp_path / "i", quiet=True)
+    index = Index(tmp_path / "i")
+    assert IndexDrafter(index, max_tokens=2, min_match=2, dominance=1).draft([5, 6, 7, 8]) == [9, 11]
+    assert IndexDrafter(index, max_tokens=2, min_match=2, dominance=1.5).draft([5, 6, 7, 8]) == [9, 11]  # 3 >= 1.5 x 2
+    assert IndexDrafter(index, max_tokens=2, min_match=2, dominance=2).draft([5, 6, 7, 8]) == []  # 3 < 2 x 2
 
 
 def test_accept_greedy_keeps_the_agreeing_prefix():

@@ -1,12 +1,12 @@
 """Benchmark: greedy generation with drafts from the token index against plain decoding (docs/bench/infer_draft.json).
 
     python scripts/bench/draft_speed.py CKPT TOKENS INDEX [--prompts 24] [--prompt-tokens 64] [--new-tokens 128]
-        [--draft-tokens 4 8 16] [--min-match 2 4 8] [--rounds 3] [--device cpu] [--out docs/bench]
+        [--draft-tokens 4 8 16] [--min-match 2 4 8] [--dominance 1 4] [--rounds 3] [--device cpu] [--out docs/bench]
 
 Prompts: the first --prompt-tokens tokens of the first --prompts validation documents of TOKENS
 long enough to hold them (an index holds training documents only, so no prompt's document is in
 INDEX). Each prompt is continued greedily for --new-tokens tokens (fewer where the model's
-context ends), once plainly and once per (draft tokens, min match) pair with drafts from INDEX
+context ends), once plainly and once per (draft tokens, min match, dominance) with drafts from INDEX
 (`tscale infer --draft-index`), in --rounds interleaved rounds; the median round counts. Every
 drafted continuation is compared with the plain one: greedy drafting must not change a token.
 An untimed round first warms every engine (the index builds its token-pair table on its first
@@ -32,6 +32,7 @@ from tscale.infer import Engine, SamplingParams  # noqa: E402
 from tscale.infer.draft import DraftStats, IndexDrafter  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
+PART_KEYS = ("plain_", "draft_", "tokens_generated", "prompts")  # this part's metrics: a re-run replaces them all
 
 
 def val_prompts(tokens: Path, count: int, length: int, eos: int) -> list[list[int]]:
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--draft-tokens", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--min-match", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--dominance", type=float, nargs="+", default=[1, 4])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
@@ -78,7 +80,7 @@ def main() -> None:
     plain = Engine.from_checkpoint(args.ckpt, device)
     index = Index(args.index)
     prompts = val_prompts(args.tokens, args.prompts, args.prompt_tokens, plain.eos)
-    settings = [(t, m) for t in args.draft_tokens for m in args.min_match]
+    settings = [(t, m, r) for t in args.draft_tokens for m in args.min_match for r in args.dominance]
     engines = {s: Engine(plain.model, plain.tokenizer, device, drafter=IndexDrafter(index, *s)) for s in settings}
     for eng in (plain, *engines.values()):  # an untimed round: the index's pair table, the GPU's kernels for each width
         run(eng, prompts, args.new_tokens)
@@ -99,14 +101,14 @@ def main() -> None:
     plain_rate = generated / statistics.median(times["plain"])
     metrics = {"plain_tokens_per_s": round(plain_rate, 1), "tokens_generated": generated, "prompts": len(prompts)}
     print(f"plain: {plain_rate:,.1f} tokens/s ({generated} tokens from {len(prompts)} prompts)")
-    for (t, m), (st, changed) in stats.items():
-        rate = generated / statistics.median(times[(t, m)])
-        key = f"t{t}_m{m}"
+    for (t, m, r), (st, changed) in stats.items():
+        rate = generated / statistics.median(times[(t, m, r)])
+        key = f"t{t}_m{m}_r{r:g}"
         metrics.update({f"draft_tokens_per_s_{key}": round(rate, 1), f"draft_speedup_{key}": round(rate / plain_rate, 3),
                         f"draft_passes_per_token_{key}": round(st.passes / generated, 3),
                         f"draft_kept_share_{key}": round(st.accepted / st.drafted, 3) if st.drafted else 0.0,
                         f"draft_changed_continuations_{key}": changed})
-        print(f"draft {t:>2} tokens, min match {m}: {rate:,.1f} tokens/s ({rate / plain_rate:.2f}x), "
+        print(f"draft {t:>2} tokens, min match {m}, dominance {r:g}: {rate:,.1f} tokens/s ({rate / plain_rate:.2f}x), "
               f"{st.passes / generated:.2f} passes/token, {st.accepted}/{st.drafted} draft tokens kept, "
               f"{changed} continuations changed", flush=True)
     cfg = plain.model.cfg
@@ -115,7 +117,7 @@ def main() -> None:
              f"({index.manifest['num_tokens']:,} tokens); {len(prompts)} prompts of {args.prompt_tokens} tokens from the "
              f"validation documents of {args.tokens}, greedy, {args.new_tokens} new tokens each, device {device}, "
              f"median of {args.rounds} interleaved rounds.")
-    print(f"-> {merge_metrics('infer_draft', metrics, notes, args.out)}")
+    print(f"-> {merge_metrics('infer_draft', metrics, notes, args.out, drop_prefixes=PART_KEYS)}")
 
 
 if __name__ == "__main__":

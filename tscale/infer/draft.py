@@ -1,8 +1,9 @@
 """Speculative decoding with drafts from the token index: the corpus's continuation of the context, checked by the model.
 
 Drafting: the context's longest match in the index (capped at max_len tokens) proposes the token
-that most often followed it there; that token is appended and looked up in turn, so a draft
-follows the corpus for as long as the match stays at least `min_match` tokens long, up to
+that most often followed it there, if it followed at least `dominance` times as often as the
+runner-up; that token is appended and looked up in turn, so a draft follows the corpus for as
+long as the match stays at least `min_match` tokens long and its continuation clear, up to
 `max_tokens` tokens. No model runs to draft.
 
 Checking (`accept`): the model scores the draft in the same forward pass that yields its next
@@ -38,12 +39,16 @@ class DraftStats:
 class IndexDrafter:
     """Draft tokens for a context from an index built with the model's tokenizer."""
 
-    def __init__(self, index: Index, max_tokens: int = 8, min_match: int = 8, max_len: int = FEATURE_MAX_LEN):
+    def __init__(self, index: Index, max_tokens: int = 8, min_match: int = 4, dominance: float = 4.0,
+                 max_len: int = FEATURE_MAX_LEN):
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens}: must be at least 1")
         if not 1 <= min_match <= max_len:
             raise ValueError(f"min_match {min_match}: must be in [1, max_len = {max_len}]")
+        if not dominance >= 1:
+            raise ValueError(f"dominance {dominance}: must be at least 1")
         self.index, self.max_tokens, self.min_match, self.max_len = index, max_tokens, min_match, max_len
+        self.dominance = dominance
 
     def draft(self, ids: list[int], limit: int | None = None) -> list[int]:
         """Up to min(max_tokens, limit) tokens the corpus continues `ids` with (the context's last max_len count)."""
@@ -52,9 +57,9 @@ class IndexDrafter:
         out: list[int] = []
         window = self.max_len  # tokens of context to look up: a match one token longer than the last at most
         while len(out) < n and ctx:
-            lens, nxt, _ = self.index.lookup(np.asarray(ctx[-window:], dtype=np.int64), None,
-                                             max_len=self.max_len, topk=1, max_support=FEATURE_MAX_SUPPORT)
-            if lens[-1] < self.min_match or nxt[-1, 0] < 0:
+            lens, nxt, cnt = self.index.lookup(np.asarray(ctx[-window:], dtype=np.int64), None,
+                                               max_len=self.max_len, topk=2, max_support=FEATURE_MAX_SUPPORT)
+            if lens[-1] < self.min_match or nxt[-1, 0] < 0 or cnt[-1, 0] < self.dominance * cnt[-1, 1]:
                 break
             out.append(int(nxt[-1, 0]))
             ctx.append(out[-1])

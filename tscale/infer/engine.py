@@ -126,12 +126,13 @@ class Engine:
     def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
                         precision: str = "bf16", index: str | os.PathLike | None = None,
                         draft_index: str | os.PathLike | None = None, draft_tokens: int = 8,
-                        draft_min_match: int = 8) -> "Engine":
+                        draft_min_match: int = 4, draft_dominance: float = 4.0) -> "Engine":
         """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8").
 
         index: the index folder a model trained with the token index looks its contexts up in.
         draft_index: an index (of the model's tokenizer) to draft up to draft_tokens tokens a pass
-        from, while the context's match there is at least draft_min_match tokens long.
+        from, while the context's match there is at least draft_min_match tokens long and its most
+        frequent continuation at least draft_dominance times as frequent as the runner-up.
         """
         from tscale.precision import quantize_for_inference
         from tscale.train.checkpoint import load_model, open_checkpoint
@@ -144,8 +145,10 @@ class Engine:
                 raise UserError(f"--draft-tokens {draft_tokens}: must be at least 1")
             if not 1 <= draft_min_match <= FEATURE_MAX_LEN:
                 raise UserError(f"--draft-min-match {draft_min_match}: must be in [1, {FEATURE_MAX_LEN}]")
+            if not draft_dominance >= 1:
+                raise UserError(f"--draft-dominance {draft_dominance}: must be at least 1 (1 = any most frequent token)")
             drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
-                                   draft_min_match)
+                                   draft_min_match, draft_dominance)
         model, ckpt = load_model(path, device)
         quantize_for_inference(model, precision)
         lookups = (IndexLookups(opened, ckpt.index_cfg.topk, torch.device(device), ckpt.index_cfg.max_len)
