@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tscale.errors import UserError
 from tscale.index.features import FEATURE_MAX_LEN, FEATURE_MAX_SUPPORT
 from tscale.index.lookup import Index
 from tscale.infer.sampling import SamplingParams, next_token_probs
@@ -42,11 +43,11 @@ class IndexDrafter:
     def __init__(self, index: Index, max_tokens: int = 8, min_match: int = 4, dominance: float = 4.0,
                  max_len: int = FEATURE_MAX_LEN):
         if max_tokens < 1:
-            raise ValueError(f"max_tokens {max_tokens}: must be at least 1")
+            raise UserError(f"--draft-tokens {max_tokens}: must be at least 1")
         if not 1 <= min_match <= max_len:
-            raise ValueError(f"min_match {min_match}: must be in [1, max_len = {max_len}]")
+            raise UserError(f"--draft-min-match {min_match}: must be in [1, {max_len}]")
         if not dominance >= 1:
-            raise ValueError(f"dominance {dominance}: must be at least 1")
+            raise UserError(f"--draft-dominance {dominance}: must be at least 1 (1 = any most frequent token)")
         self.index, self.max_tokens, self.min_match, self.max_len = index, max_tokens, min_match, max_len
         self.dominance = dominance
 

@@ -141,12 +141,6 @@ class Engine:
         opened = open_index_for(opened_ckpt, index)
         drafter = None
         if draft_index is not None:
-            if draft_tokens < 1:
-                raise UserError(f"--draft-tokens {draft_tokens}: must be at least 1")
-            if not 1 <= draft_min_match <= FEATURE_MAX_LEN:
-                raise UserError(f"--draft-min-match {draft_min_match}: must be in [1, {FEATURE_MAX_LEN}]")
-            if not draft_dominance >= 1:
-                raise UserError(f"--draft-dominance {draft_dominance}: must be at least 1 (1 = any most frequent token)")
             drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
                                    draft_min_match, draft_dominance)
         model, ckpt = load_model(path, device)
