@@ -83,6 +83,7 @@ def test_stream_pieces_join_to_the_whole_completion(server):
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
     assert chunks[-1]["usage"] == whole["usage"]
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"] != whole["id"]  # one id per completion
 
 
 def test_models_lists_the_one_model(server):
@@ -153,3 +154,14 @@ def test_concurrent_requests_are_all_answered(server):
         t.join(timeout=120)
     assert sorted(r[0] for r in results) == [200] * 4
     assert len({json.loads(r[2])["choices"][0]["text"] for r in results}) > 1  # each its own seed, generated apart
+
+
+@pytest.mark.parametrize("length, status", [("-5", 400), ("many", 400), (str(1 << 21), 413)])
+def test_bad_content_length_is_refused_not_waited_on(server, length, status):
+    import socket
+
+    host, port = server.server_address[:2]
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+        head = sock.recv(4096).decode()
+    assert head.startswith(f"HTTP/1.1 {status} "), head

@@ -146,9 +146,12 @@ class _Handler(BaseHTTPRequestHandler):
                                      kind="not_found_error"))
             return
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                raise RequestError(413, f"request body of {length} bytes; at most {MAX_BODY}")
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise RequestError(400, "Content-Length is not a number") from None
+            if not 0 <= length <= MAX_BODY:
+                raise RequestError(413 if length > 0 else 400, f"request body of {length} bytes; at most {MAX_BODY}")
             try:
                 body = json.loads(self.rfile.read(length) or b"null")
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -161,14 +164,15 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestError as e:
             self._error(e)
             return
+        record = _Record(self.server.model_id, len(ids))
         with self.server.generating:
             if stream:
-                self._stream(prompt, ids, params)
+                self._stream(prompt, ids, params, record)
             else:
                 c = self.server.engine.generate(prompt, params, ids)
-                self._json(200, self._record(c.text, _finish(c.finish_reason), len(ids), c.tokens))
+                self._json(200, record(c.text, _finish(c.finish_reason), c.tokens))
 
-    def _stream(self, prompt: str, ids: list[int], params: GenerationParams) -> None:
+    def _stream(self, prompt: str, ids: list[int], params: GenerationParams, record: "_Record") -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -177,20 +181,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         stream = self.server.engine.stream(prompt, params, ids)
         try:
-            for piece in _events(self._record, stream, len(ids)):
+            for piece in _events(record, stream):
                 self.wfile.write(piece)
                 self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating
             return
-
-    def _record(self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int | None) -> dict:
-        rec = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-               "model": self.server.model_id,
-               "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
-        if completion_tokens is not None:
-            rec["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}
-        return rec
 
     def _authorized(self) -> bool:
         key = self.server.api_key
@@ -218,17 +213,33 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(e.status, {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}})
 
 
+class _Record:
+    """The response objects of one completion: the same id and time on every chunk of a stream."""
+
+    def __init__(self, model_id: str, prompt_tokens: int):
+        self.id, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        self.model_id, self.prompt_tokens = model_id, prompt_tokens
+
+    def __call__(self, text: str, finish: str | None, completion_tokens: int | None = None) -> dict:
+        rec = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,
+               "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+        if completion_tokens is not None:
+            rec["usage"] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": self.prompt_tokens + completion_tokens}
+        return rec
+
+
 def _finish(reason: str) -> str:
     """The engine's finish reason as OpenAI names it: "eos" and "stop" are both "stop"."""
     return "length" if reason == "length" else "stop"
 
 
-def _events(record, stream, prompt_tokens: int) -> Iterator[bytes]:
+def _events(record: _Record, stream) -> Iterator[bytes]:
     """Server-sent events of a TextStream: a chunk per piece, one with the finish reason and usage, then [DONE]."""
     for piece in stream:
-        yield b"data: " + json.dumps(record(piece, None, prompt_tokens, None), ensure_ascii=False).encode() + b"\n\n"
+        yield b"data: " + json.dumps(record(piece, None), ensure_ascii=False).encode() + b"\n\n"
     c = stream.completion
-    yield b"data: " + json.dumps(record("", _finish(c.finish_reason), prompt_tokens, c.tokens)).encode() + b"\n\n"
+    yield b"data: " + json.dumps(record("", _finish(c.finish_reason), c.tokens)).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
 
 
