@@ -10,7 +10,8 @@
 #            DATA=.cache/issue6/data: the 4x decontaminated index, then the same index_quality.py run
 #            continued with every model also scored against it (so this call needs only .devdata/extra)
 #   draft    after quality: scripts/bench/draft_speed.py with the 124M model trained without the index,
-#            drafting from the raw index of the same tokens, on the GPU (options after SECONDS go to it)
+#            drafting from the raw index of the same tokens, on the GPU: 16 prompts, 2 rounds, 4 settings
+#            (a few minutes); options after SECONDS go to it and override those
 # Options after SECONDS go to index_quality.py (e.g. --index-max-len 16); give the same ones to both parts.
 # Everything stops SECONDS after the start; finished stages are kept in .cache/issue6 (an ignored folder
 # that stays on the machine between calls), so the same command continues where it stopped. The
@@ -55,6 +56,6 @@ case $PART in
   draft)
     [ -d "$WORK/iq/run-base/ckpt" ] || { echo "index_runs.sh draft: no $WORK/iq/run-base (run part quality first)"; exit 2; }
     timeout "$(left)" python3 scripts/bench/draft_speed.py "$WORK/iq/run-base" "$WORK/tokens" "$WORK/iq/index-raw" \
-      --device cuda --out "$OUT" "$@" ;;
+      --device cuda --out "$OUT" --prompts 16 --rounds 2 --draft-tokens 8 16 --min-match 4 --dominance 1 4 "$@" ;;
   *) echo "index_runs.sh: unknown part '$PART' (quality, larger or draft)"; exit 2 ;;
 esac
