@@ -78,6 +78,9 @@ def test_sampled_generation_runs_and_counts_its_drafts(world):
     c = drafted(ckpt, copy).generate("The tide came in over the flats",
                                       GenerationParams(max_new_tokens=30, sampling=SamplingParams(0.7), seed=1))
     assert c.tokens >= 1 and c.passes + c.accepted == c.tokens and c.accepted <= c.drafted
+    again = drafted(ckpt, copy).generate("The tide came in over the flats",
+                                         GenerationParams(max_new_tokens=30, sampling=SamplingParams(0.7), seed=1))
+    assert again == c  # the same seed, the same text and drafts
 
 
 def test_drafter_follows_the_corpus_and_stops_when_the_match_is_short(world):
