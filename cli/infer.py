@@ -67,7 +67,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
         if out is not None:
             raise UserError("--out goes with --prompts, not --serve")
         key = os.environ.get(API_KEY_ENV) or None
-        require_secret(host, key)
+        require_secret(host, key)  # before the model loads (CompletionServer checks it again for library callers)
         server = CompletionServer(load(), os.path.basename(os.path.normpath(ckpt)), host, port, key)
         err.print(f"serving {ckpt} at {server.url} (POST /v1/completions, GET /v1/models); Ctrl-C stops")
         try:

@@ -138,3 +138,6 @@ def test_lookup_stats_compare_caps_on_the_same_positions(tmp_path):
     assert full["by_match_len"][">=32"]["share"] > 0 and full["by_match_len"][">=32"]["top1"] > 0.9  # the copies
     assert capped["mean_match_len"] <= 4 < full["mean_match_len"]
     assert 0 <= capped["top1"] <= capped["top4"] <= 1 and full["top1"] != capped["top1"]
+    reused = stats.lookup_stats(index, tokens, sources, folder.manifest["sources"], 64, at64,
+                                stats.timed_lookup(index, tokens, 64))  # the buckets' own lookup, made once
+    assert {k: v for k, v in reused.items() if k != "lookup_s"} == {k: v for k, v in full.items() if k != "lookup_s"}

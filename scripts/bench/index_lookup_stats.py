@@ -39,12 +39,14 @@ def val_stream(folder: TokenFolder) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lookup_stats(index: Index, tokens: np.ndarray, sources: np.ndarray, source_names: list[str],
-                 max_len: int = FEATURE_MAX_LEN, bucket_len: np.ndarray | None = None) -> dict:
+                 max_len: int = FEATURE_MAX_LEN, bucket_len: np.ndarray | None = None,
+                 looked: tuple | None = None) -> dict:
     """Shares and top-1 accuracies of one index on the stream (position t predicts token t + 1), matches capped at
-    max_len; bucketed by bucket_len (N,) (another cap's match lengths) where given, else by this cap's."""
-    t0 = time.perf_counter()
-    match_len, next_tokens, _ = index.lookup(tokens, max_len=max_len, topk=4)
-    seconds = time.perf_counter() - t0
+    max_len; bucketed by bucket_len (N,) (another cap's match lengths) where given, else by this cap's.
+    looked: (index.lookup's result for the stream at max_len with topk 4, its seconds), a lookup already made."""
+    if looked is None:
+        looked = timed_lookup(index, tokens, max_len)
+    (match_len, next_tokens, _), seconds = looked
     length, target, source = match_len[:-1], tokens[1:], sources[:-1]
     right = next_tokens[:-1, 0] == target  # (N - 1,)
     top4 = (next_tokens[:-1] == target[:, None]).any(axis=1)  # (N - 1,)
@@ -65,6 +67,13 @@ def lookup_stats(index: Index, tokens: np.ndarray, sources: np.ndarray, source_n
             "by_match_len": by_len, "by_source": by_source}
 
 
+def timed_lookup(index: Index, tokens: np.ndarray, max_len: int) -> tuple[tuple, float]:
+    """(index.lookup of the stream with matches capped at max_len, top-4; the seconds it took)."""
+    t0 = time.perf_counter()
+    result = index.lookup(tokens, max_len=max_len, topk=4)
+    return result, time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tokens", type=Path, help="token folder whose validation split is looked up")
@@ -78,9 +87,10 @@ def main() -> None:
     for path in args.indexes:
         index = Index(path)
         index.check_tokens(folder)
-        buckets = index.lookup(tokens, max_len=FEATURE_MAX_LEN, topk=1)[0]  # (N,) the match at 64: the buckets
+        at64 = timed_lookup(index, tokens, FEATURE_MAX_LEN)  # its match lengths (N,) are every cap's buckets
         for cap in args.max_len:
-            r = lookup_stats(index, tokens, sources, folder.manifest["sources"], cap, buckets)
+            r = lookup_stats(index, tokens, sources, folder.manifest["sources"], cap, at64[0][0],
+                             at64 if cap == FEATURE_MAX_LEN else None)
             results.append(r)
             cells = "  ".join(f"{k} {v['share']:.3f}/{v['top1'] if v['top1'] is None else round(v['top1'], 3)}"
                               for k, v in r["by_match_len"].items())
