@@ -2,7 +2,7 @@
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
                                        [--attention fa2 fa2_global cudnn cudnn_global] [--fused-loss]
-                                       [--out-dir docs/bench]
+                                       [--seq-len 1024] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -16,7 +16,9 @@ kernel skips), e.g. the benchmark corpus of DESIGN.md.
 FlashAttention-2 over the batch's document runs; cudnn: cuDNN's attention over them, Hopper and
 newer; "_global": in the global layers only) as a preset "tscale_ALT" (--fa2 and --fa2-global
 are short for --attention fa2 / fa2_global); --fused-loss tscale with `train.fused_loss = true`
-(the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss".
+(the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss". --seq-len T trains
+both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
+--batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 
 Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,
 arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
@@ -49,10 +51,11 @@ EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVE
          "tscale_fused_loss": ["train.fused_loss=true"]}
 
 
-def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int) -> tuple[float, float]:
+def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int,
+         seq_len: int) -> tuple[float, float]:
     """(tokens/s after `warmup` steps, peak GiB of GPU memory allocated) of one preset in one compile mode."""
     torch.cuda.reset_peak_memory_stats()
-    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []),
+    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []), f"model.seq_len={seq_len}",
         f"train.steps={warmup + steps}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=5", "train.compile=true", f'train.compile_mode="{mode}"',
         f'data.tokens="{tokens.resolve()}"'])
@@ -75,21 +78,28 @@ def main() -> None:
     ap.add_argument("--fa2", action="store_true", help="short for --attention fa2")
     ap.add_argument("--fa2-global", action="store_true", help="short for --attention fa2_global")
     ap.add_argument("--fused-loss", action="store_true", help="also tscale with train.fused_loss = true")
+    ap.add_argument("--seq-len", type=int, default=1024,
+                    help="tokens per window; the batch shrinks by the same factor (--batch-size is for 1024)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("arch_speed.py: needs a CUDA GPU (it times the compiled GPU step)")
     if not (args.tokens / "manifest.json").is_file():
         raise SystemExit(f"{args.tokens}: not a token folder (no manifest.json); make one with `tscale tokenize`")
+    if args.seq_len < 64 or (args.batch_size * 1024) % args.seq_len:
+        raise SystemExit(f"--seq-len {args.seq_len}: must be at least 64 and divide --batch-size x 1024 "
+                         f"({args.batch_size * 1024} tokens a step)")
+    batch = args.batch_size * 1024 // args.seq_len
+    suffix = "" if args.seq_len == 1024 else f"_T{args.seq_len}"
     metrics = {}
     alternatives = {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
     chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss}
     archs = [a for a in ARCHS if chosen.get(a, True)]
     for mode in args.modes:
-        key = mode.replace("-", "_")
+        key = mode.replace("-", "_") + suffix
         rates = {}
         for arch in archs:
-            rates[arch], peak = rate(arch, args.tokens, mode, args.steps, args.warmup, args.batch_size)
+            rates[arch], peak = rate(arch, args.tokens, mode, args.steps, args.warmup, batch, args.seq_len)
             print(f"{arch} ({mode}): {rates[arch]:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
             metrics[f"arch_speed_tokens_per_s_{arch}_{key}"] = round(rates[arch])
             metrics[f"arch_speed_peak_gib_{arch}_{key}"] = round(peak, 2)
@@ -103,7 +113,7 @@ def main() -> None:
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''} on {args.tokens.name}, "
-            f"batch {args.batch_size} x 1024, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
+            f"batch {batch} x {args.seq_len}, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")
     print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")
 
