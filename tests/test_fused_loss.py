@@ -10,7 +10,7 @@ from tscale.config import IndexConfig, ModelConfig, load_config
 from tscale.data.tokenize import tokenize_corpus
 from tscale.errors import UserError
 from tscale.model import build_model
-from tscale.model.loss import chunked_mean_loss, mean_loss
+from tscale.model.loss import head_mean_loss, mean_loss
 from tscale.ops.fused_loss import chunked_head_loss, head_loss_reference
 from tscale.train.loop import train_run
 
@@ -61,8 +61,9 @@ def test_chunked_loss_rejects_bad_shapes():
         chunked_head_loss(hidden, weight, targets, 21, chunk=0)
 
 
+@pytest.mark.parametrize("how", ["chunked", "kernel"])
 @pytest.mark.parametrize("arch", ["gpt2", "tscale"])
-def test_models_give_the_same_loss_and_gradients_either_way(arch):
+def test_models_give_the_same_loss_and_gradients_either_way(arch, how):
     extra = dict(head_dim=16, window=8, global_every=2, logit_softcap=10.0, zero_init=False) if arch == "tscale" else {}
     cfg = ModelConfig(arch=arch, vocab_size=100, eos_id=99, n_layer=2, n_head=2, d_model=32, seq_len=16, **extra)
     torch.manual_seed(0)
@@ -71,7 +72,7 @@ def test_models_give_the_same_loss_and_gradients_either_way(arch):
     results = []
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
-        loss = model(idx, loss_targets=targets) if fused else mean_loss(model(idx), targets)
+        loss = model(idx, loss_targets=targets, head_loss=how) if fused else mean_loss(model(idx), targets)
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (plain, plain_grads), (fused, fused_grads) = results
@@ -123,12 +124,20 @@ def test_fused_loss_refuses_a_converted_head(tokens, tmp_path):
         train_run(cfg, tmp_path / "converted", quiet=True)
 
 
-def test_chunked_loss_refuses_a_model_with_the_index():
+@pytest.mark.parametrize("how", ["chunked", "kernel"])
+def test_head_losses_refuse_a_model_with_the_index(how):
     cfg = ModelConfig(arch="gpt2", vocab_size=100, eos_id=99, n_layer=1, n_head=2, d_model=32, seq_len=16)
     model = build_model(cfg, IndexConfig(path="unused", mixer=True))
     assert model.index is not None
-    with pytest.raises(ValueError, match="is for models without the token index"):
-        chunked_mean_loss(model.lm_head, torch.randn(1, 16, 32), torch.randint(0, 100, (1, 16)), 100, 0.0, model.index)
+    with pytest.raises(ValueError, match="are for models without the token index"):
+        head_mean_loss(model.lm_head, torch.randn(1, 16, 32), torch.randint(0, 100, (1, 16)), 100, 0.0, model.index,
+                       how)
+
+
+def test_head_mean_loss_refuses_an_unknown_choice():
+    head = torch.nn.Linear(32, 100, bias=False)
+    with pytest.raises(ValueError, match="choose one of kernel, chunked"):
+        head_mean_loss(head, torch.randn(1, 16, 32), torch.randint(0, 100, (1, 16)), 100, how="logits")
 
 
 @pytest.mark.cuda

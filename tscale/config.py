@@ -136,6 +136,10 @@ class TrainConfig(_Section):
     # the step's loss straight from the head's input, a chunk of tokens of logits at a time, none of them kept
     # (tscale/ops/fused_loss.py): less memory; models without the token index; the head must stay a plain layer
     fused_loss: bool = False
+    # the step's loss and its gradient w.r.t. the logits in one pass over them (tscale/ops/head_loss.py; a CUDA
+    # kernel for bf16 logits, the torch reference elsewhere), where it applies: models without the token index,
+    # the head a plain layer, train.fused_loss off; the logits path everywhere else
+    loss_kernel: bool = False
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)
     ckpt_every: int = Field(500, ge=0)

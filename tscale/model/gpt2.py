@@ -19,7 +19,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import chunked_mean_loss
+from tscale.model.loss import head_mean_loss
 
 VOCAB_MULTIPLE = 64
 
@@ -109,13 +109,15 @@ class GPT2(nn.Module):
         return KVCache(c.n_layer, batch, c.n_head, max_len, c.d_model // c.n_head, device, dtype)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
-                targets: torch.Tensor | None = None, loss_targets: torch.Tensor | None = None) -> torch.Tensor:
+                targets: torch.Tensor | None = None, loss_targets: torch.Tensor | None = None,
+                head_loss: str = "kernel") -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
 
         index: the token index's features of these positions (models built with the index need
         them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
         losses (B, T) in nats instead. loss_targets (B, T): return the mean loss (a scalar), the
-        head's logits made in chunks and never kept (`train.fused_loss`; models without the index).
+        head's logits never kept: reduced with their gradient in one pass (head_loss "kernel") or
+        made in chunks ("chunked", `train.fused_loss`); models without the index.
         """
         check_features(self.index, index)
         B, T = idx.shape
@@ -134,7 +136,8 @@ class GPT2(nn.Module):
             cache.advance(T)
         hidden = self.ln_f(x)  # (B, T, C)
         if loss_targets is not None:
-            return chunked_mean_loss(self.lm_head, hidden, loss_targets, self.cfg.vocab_size, 0.0, self.index)
+            return head_mean_loss(self.lm_head, hidden, loss_targets, self.cfg.vocab_size, 0.0, self.index,
+                                  head_loss)
         logits = self.lm_head(hidden)[..., : self.cfg.vocab_size]  # (B, T, V)
         return head_output(self.index, hidden, logits, index, targets)
 

@@ -22,7 +22,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import chunked_mean_loss
+from tscale.model.loss import head_mean_loss
 from tscale.ops.attention import attention
 from tscale.ops.attention_runs import attention_over_runs
 from tscale.ops.doc_runs import DocRuns
@@ -182,7 +182,7 @@ class TScaleLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
                 targets: torch.Tensor | None = None, runs: DocRuns | None = None,
-                loss_targets: torch.Tensor | None = None) -> torch.Tensor:
+                loss_targets: torch.Tensor | None = None, head_loss: str = "kernel") -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
 
         runs: idx's document runs (tscale.ops.doc_runs.doc_runs, by the model.doc_mask rule),
@@ -193,8 +193,8 @@ class TScaleLM(nn.Module):
         index: the token index's features of these positions (models built with the index need
         them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
         losses (B, T) in nats instead. loss_targets (B, T): return the mean loss (a scalar), the
-        head's soft-capped logits made in chunks and never kept (`train.fused_loss`; models without
-        the index).
+        head's soft-capped logits never kept: reduced with their gradient in one pass (head_loss
+        "kernel") or made in chunks ("chunked", `train.fused_loss`); models without the index.
         """
         check_features(self.index, index)
         B, T = idx.shape
@@ -224,7 +224,8 @@ class TScaleLM(nn.Module):
             cache.advance(T)
         hidden = self.norm_f(x)  # (B, T, C)
         if loss_targets is not None:
-            return chunked_mean_loss(self.lm_head, hidden, loss_targets, c.vocab_size, c.logit_softcap, self.index)
+            return head_mean_loss(self.lm_head, hidden, loss_targets, c.vocab_size, c.logit_softcap, self.index,
+                                  head_loss)
         logits = self.lm_head(hidden)  # (B, T, V_padded)
         if c.logit_softcap:
             logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)

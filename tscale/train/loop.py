@@ -221,13 +221,16 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None) if env.is_main else NullLog()
 
+    head_loss = "chunked" if cfg.train.fused_loss else (
+        "kernel" if cfg.train.loss_kernel and not cfg.index.enabled and "lm_head" not in converted else None)
+
     def forward_loss(x: torch.Tensor, y: torch.Tensor, feats: IndexFeatures | None = None,
                      runs: DocRuns | None = None) -> torch.Tensor:
         """(B, T) ids [+ index features] [+ document runs] -> scalar; one graph under compile, logits never kept."""
         extra = {"runs": runs} if runs is not None else {}
         if feats is None:
-            if cfg.train.fused_loss:
-                return replicas.module(x, loss_targets=y, **extra)
+            if head_loss:
+                return replicas.module(x, loss_targets=y, head_loss=head_loss, **extra)
             return mean_loss(replicas.module(x, **extra), y)
         if cfg.index.dropout:
             feats = feats.drop_windows(cfg.index.dropout)
