@@ -123,14 +123,15 @@ def test_kernel_matches_its_reference_on_random_logits(N, V, V_pad, softcap):
     torch.testing.assert_close(losses, want_losses, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(grad.float(), want_grad.float(), rtol=2e-2, atol=1e-3 * scale)
     assert torch.all(grad[:, V:] == 0)
-    assert (grad.float().sum(1).abs() <= 1e-2 * scale).all(), "each row's gradient sums to about 0"
+    if not softcap:  # softmax minus one-hot: every row sums to 0 (the soft-cap's derivative weighs the terms apart)
+        assert (grad.float().sum(1).abs() <= 1e-2 * scale).all(), "each row's gradient sums to about 0"
 
 
 @pytest.mark.cuda
 @cuda
 def test_kernel_marks_a_target_outside_the_vocabulary():
     logits = _logits(4, 64, dtype=torch.bfloat16, device="cuda")
-    losses, _ = softcap_xent_grad(logits, torch.tensor([0, 50, 63, -1], device="cuda"), 50, 0.0, 1.0)
+    losses, _ = softcap_xent_grad(logits, torch.tensor([0, 49, 50, -1], device="cuda"), 50, 0.0, 1.0)
     assert torch.isfinite(losses[:2]).all() and torch.isnan(losses[2:]).all()
 
 
