@@ -38,6 +38,7 @@ bench: install
 	$(PYTHON) scripts/bench/train_throughput.py
 	$(PYTHON) scripts/bench/bitpack_throughput.py
 	$(PYTHON) scripts/bench/attention_kernel.py
+	$(PYTHON) scripts/bench/head_loss_speed.py
 	$(PYTHON) scripts/bench/lowprec_gemm.py
 	$(PYTHON) scripts/bench/lowprec_train.py speed
 	$(PYTHON) scripts/bench/compile_time.py
