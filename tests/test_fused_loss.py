@@ -1,4 +1,8 @@
-"""The chunked head loss (tscale/ops/fused_loss.py) against its reference, inside both models and in training."""
+"""The head's fused losses against the logits path, inside both models and in training.
+
+chunked: tscale/ops/fused_loss.py (train.fused_loss); kernel: tscale/ops/head_loss.py (train.loss_kernel), whose
+kernel's own tests are in test_head_loss.py.
+"""
 
 import json
 from pathlib import Path
@@ -12,6 +16,7 @@ from tscale.errors import UserError
 from tscale.model import build_model
 from tscale.model.loss import head_mean_loss, mean_loss
 from tscale.ops.fused_loss import chunked_head_loss, head_loss_reference
+from tscale.ops.head_loss import head_loss
 from tscale.train.loop import train_run
 
 
@@ -42,23 +47,41 @@ def test_chunked_loss_matches_the_reference_in_float32(softcap, chunk):
     assert got[1].abs().sum() > 0 and got[2][:21].abs().sum() > 0
 
 
-def test_chunked_loss_under_bfloat16_autocast_matches_the_reference():
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+def test_one_pass_loss_matches_the_reference_in_float32(softcap):
+    hidden, weight, targets = _case()
+    want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=21, softcap=softcap)
+    got = _loss_and_grads(head_loss, hidden, weight, targets, vocab_size=21, softcap=softcap)
+    for name, a, b in zip(("loss", "hidden grad", "weight grad"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+    assert torch.all(got[2][21:] == 0), "the head's padding rows get no gradient"
+
+
+FUSED = {"chunked": lambda *a, **kw: chunked_head_loss(*a, **kw, chunk=16), "kernel": head_loss}
+
+
+@pytest.mark.parametrize("how", list(FUSED))
+def test_fused_losses_under_bfloat16_autocast_match_the_reference(how):
     hidden, weight, targets = _case(N=64, d=32, V_pad=64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=21, softcap=15.0)
-        got = _loss_and_grads(chunked_head_loss, hidden, weight, targets, vocab_size=21, softcap=15.0, chunk=16)
+        got = _loss_and_grads(FUSED[how], hidden, weight, targets, vocab_size=21, softcap=15.0)
     assert got[1].dtype == hidden.dtype and got[2].dtype == weight.dtype
     torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=1e-3)
     for a, b in zip(got[1:], want[1:]):
         assert (a - b).abs().max() <= 0.02 * b.abs().max()
 
 
-def test_chunked_loss_rejects_bad_shapes():
+def test_fused_losses_reject_bad_shapes():
     hidden, weight, targets = _case()
     with pytest.raises(ValueError, match="targets"):
         chunked_head_loss(hidden, weight, targets[:-1], 21)
     with pytest.raises(ValueError, match="chunk"):
         chunked_head_loss(hidden, weight, targets, 21, chunk=0)
+    with pytest.raises(ValueError, match="targets"):
+        head_loss(hidden, weight, targets[:-1], 21)
+    with pytest.raises(ValueError, match="vocab_size 25"):
+        head_loss(hidden, weight, targets, 25)
 
 
 @pytest.mark.parametrize("how", ["chunked", "kernel"])
@@ -98,21 +121,23 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-def test_training_with_the_fused_loss_follows_the_plain_one(tokens, tmp_path, monkeypatch):
+@pytest.mark.parametrize("setting,name", [("train.fused_loss", "chunked_head_loss"), ("train.loss_kernel", "head_loss")])
+def test_training_with_a_fused_loss_follows_the_logits_path(tokens, tmp_path, monkeypatch, setting, name):
     import tscale.model.loss as loss_module
 
     calls = []
+    fused_loss = getattr(loss_module, name)
 
     def counting(*args, **kwargs):
         calls.append(args[0].shape)
-        return chunked_head_loss(*args, **kwargs)
+        return fused_loss(*args, **kwargs)
 
-    monkeypatch.setattr(loss_module, "chunked_head_loss", counting)
+    monkeypatch.setattr(loss_module, name, counting)
     curves = {}
-    for fused in ("false", "true"):
-        cfg = load_config(None, [*ARGS, f'data.tokens="{tokens}"', f"train.fused_loss={fused}"])
-        train_run(cfg, tmp_path / fused, quiet=True)
-        curves[fused] = _losses(tmp_path / fused)
+    for on in ("false", "true"):  # the logits path, then the fused loss
+        cfg = load_config(None, [*ARGS, f'data.tokens="{tokens}"', "train.loss_kernel=false", f"{setting}={on}"])
+        train_run(cfg, tmp_path / on, quiet=True)
+        curves[on] = _losses(tmp_path / on)
     assert len(curves["true"]) == 5 and calls == [(4 * 32, 32)] * 5  # the fused run's steps, and only those
     assert curves["true"] == pytest.approx(curves["false"], rel=1e-4)
 
@@ -142,18 +167,19 @@ def test_head_mean_loss_refuses_an_unknown_choice():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("how", list(FUSED))
 @pytest.mark.parametrize("compiled", [False, True])
-def test_chunked_loss_on_cuda_under_bfloat16_autocast(compiled):
-    """The GPT-2 vocabulary padded as the models pad it, several chunks, soft-cap on; eager and compiled."""
+def test_fused_losses_on_cuda_under_bfloat16_autocast(compiled, how):
+    """The GPT-2 vocabulary padded as the models pad it, soft-cap on; eager and compiled, backward included."""
     g = torch.Generator().manual_seed(0)
     N, d, V, V_pad = 5000, 256, 50257, 50304
     hidden = torch.randn(N, d, generator=g).cuda()
     weight = (torch.randn(V_pad, d, generator=g) * 0.05).cuda()
     targets = torch.randint(0, V, (N,), generator=g).cuda()
-    fused = torch.compile(chunked_head_loss) if compiled else chunked_head_loss
+    fused = torch.compile(FUSED[how], fullgraph=how == "kernel") if compiled else FUSED[how]  # chunks: a Python loop
     with torch.autocast("cuda", dtype=torch.bfloat16):
         want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=V, softcap=15.0)
-        got = _loss_and_grads(fused, hidden, weight, targets, vocab_size=V, softcap=15.0, chunk=2048)
+        got = _loss_and_grads(fused, hidden, weight, targets, vocab_size=V, softcap=15.0)
     torch.testing.assert_close(got[0], want[0], rtol=2e-3, atol=2e-3)
     for a, b in zip(got[1:], want[1:]):
         assert torch.isfinite(a).all() and (a - b).abs().max() <= 0.02 * b.abs().max()
