@@ -221,8 +221,10 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=step if resume else None) if env.is_main else NullLog()
 
+    kernel_serves = device.type == "cuda" and amp_dtype == torch.bfloat16  # elsewhere its reference is slower
     head_loss = "chunked" if cfg.train.fused_loss else (
-        "kernel" if cfg.train.loss_kernel and not cfg.index.enabled and "lm_head" not in converted else None)
+        "kernel" if cfg.train.loss_kernel and kernel_serves and not cfg.index.enabled and "lm_head" not in converted
+        else None)
 
     def forward_loss(x: torch.Tensor, y: torch.Tensor, feats: IndexFeatures | None = None,
                      runs: DocRuns | None = None) -> torch.Tensor:
