@@ -2,7 +2,7 @@
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
                                        [--attention fa2 fa2_global cudnn cudnn_global] [--fused-loss]
-                                       [--loss-kernel] [--seq-len 1024] [--out-dir docs/bench]
+                                       [--logits-loss] [--seq-len 1024] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -16,9 +16,10 @@ kernel skips), e.g. the benchmark corpus of DESIGN.md.
 FlashAttention-2 over the batch's document runs; cudnn: cuDNN's attention over them, Hopper and
 newer; "_global": in the global layers only) as a preset "tscale_ALT" (--fa2 and --fa2-global
 are short for --attention fa2 / fa2_global); --fused-loss tscale with `train.fused_loss = true`
-(the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss"; --loss-kernel both presets with
-`train.loss_kernel = true` (the loss and its gradient in one pass, tscale/ops/head_loss.py) as
-"gpt2_loss_kernel" and "tscale_loss_kernel", each after its plain preset. --seq-len T trains
+(the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss". The presets take the loss
+their config gives a GPU step: since train.loss_kernel became the default, the loss and its gradient in one
+pass (tscale/ops/head_loss.py); --logits-loss adds both with `train.loss_kernel = false` (the logits path) as
+"gpt2_logits_loss" and "tscale_logits_loss", each before its plain preset. --seq-len T trains
 both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 
@@ -48,12 +49,12 @@ from tscale.train.loop import train_run  # noqa: E402
 ALTERNATIVES = ("fa2", "fa2_global", "cudnn", "cudnn_global")  # train.attention's choices besides "auto"
 ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
          **{f"tscale_{alt}": "configs/tscale-124m.toml" for alt in ALTERNATIVES},
-         "tscale_fused_loss": "configs/tscale-124m.toml", "gpt2_loss_kernel": "configs/gpt2-124m.toml",
-         "tscale_loss_kernel": "configs/tscale-124m.toml"}
+         "tscale_fused_loss": "configs/tscale-124m.toml", "gpt2_logits_loss": "configs/gpt2-124m.toml",
+         "tscale_logits_loss": "configs/tscale-124m.toml"}
 EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
-         "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_loss_kernel": ["train.loss_kernel=true"],
-         "tscale_loss_kernel": ["train.loss_kernel=true"]}
-ORDER = ("gpt2", "gpt2_loss_kernel", "tscale", "tscale_loss_kernel", *(f"tscale_{alt}" for alt in ALTERNATIVES),
+         "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_logits_loss": ["train.loss_kernel=false"],
+         "tscale_logits_loss": ["train.loss_kernel=false"]}
+ORDER = ("gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale", *(f"tscale_{alt}" for alt in ALTERNATIVES),
          "tscale_fused_loss")
 
 
@@ -84,7 +85,7 @@ def main() -> None:
     ap.add_argument("--fa2", action="store_true", help="short for --attention fa2")
     ap.add_argument("--fa2-global", action="store_true", help="short for --attention fa2_global")
     ap.add_argument("--fused-loss", action="store_true", help="also tscale with train.fused_loss = true")
-    ap.add_argument("--loss-kernel", action="store_true", help="also both presets with train.loss_kernel = true")
+    ap.add_argument("--logits-loss", action="store_true", help="also both presets with train.loss_kernel = false")
     ap.add_argument("--seq-len", type=int, default=1024,
                     help="tokens per window; the batch shrinks by the same factor (--batch-size is for 1024)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
@@ -101,7 +102,7 @@ def main() -> None:
     metrics = {}
     alternatives = {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
     chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss,
-              "gpt2_loss_kernel": args.loss_kernel, "tscale_loss_kernel": args.loss_kernel}
+              "gpt2_logits_loss": args.logits_loss, "tscale_logits_loss": args.logits_loss}
     archs = [a for a in ORDER if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
@@ -116,16 +117,16 @@ def main() -> None:
         for arch in archs:
             if arch.startswith("tscale_"):
                 variant = arch.removeprefix("tscale_")
-                baseline = "gpt2_loss_kernel" if variant == "loss_kernel" else "gpt2"  # the same loss on both sides
+                baseline = "gpt2_logits_loss" if variant == "logits_loss" else "gpt2"  # the same loss on both sides
                 metrics[f"arch_speed_ratio_{variant}_{key}"] = round(rates[arch] / rates[baseline], 4)
-        if args.loss_kernel:
+        if args.logits_loss:
             for arch in ("gpt2", "tscale"):
-                metrics[f"arch_speed_loss_kernel_gain_{arch}_{key}"] = round(rates[f"{arch}_loss_kernel"] / rates[arch], 4)
+                metrics[f"arch_speed_loss_kernel_gain_{arch}_{key}"] = round(rates[arch] / rates[f"{arch}_logits_loss"], 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''}"
-            f"{' (both also with train.loss_kernel = true)' if args.loss_kernel else ''} on {args.tokens.name}, "
+            f"{' (both also with train.loss_kernel = false)' if args.logits_loss else ''} on {args.tokens.name}, "
             f"batch {batch} x {args.seq_len}, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")
     print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")

@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
 # The head's loss kernel on one GPU: its CUDA tests, its speed alone, and the 124M training rates with it.
 #
-#   bash scripts/device/loss_kernel.sh OUT_DIR [SECONDS]     (repository root, on the GPU machine)
+#   bash scripts/device/loss_kernel.sh OUT_DIR [SECONDS] [PART]     (repository root, on the GPU machine)
 #
-# Builds the package (without tscale._C_cutlass), runs the CUDA tests of tests/test_head_loss.py and
-# tests/test_fused_loss.py, then scripts/bench/head_loss_speed.py (record OUT_DIR/head_loss.json), then
-# tokenizes the mix (.devdata/data/mix.jsonl.xz, GPT-2 BPE) and runs scripts/bench/arch_speed.py
-# --loss-kernel in default compile mode: gpt2 and tscale, each without and with train.loss_kernel
-# (record merged into a copy of docs/bench/architecture.json in OUT_DIR). Everything stops SECONDS
+# Builds the package (without tscale._C_cutlass), then
+#   all    (the default) the CUDA tests of tests/test_head_loss.py and tests/test_fused_loss.py, then
+#          scripts/bench/head_loss_speed.py (record OUT_DIR/head_loss.json), then tokenizes the mix
+#          (.devdata/data/mix.jsonl.xz, GPT-2 BPE) and runs scripts/bench/arch_speed.py --logits-loss in
+#          default compile mode: gpt2 and tscale, each with train.loss_kernel off (the logits path) and on
+#   rates  arch_speed.py --logits-loss at 1,024 and then at 4,096 tokens a window (--seq-len 4096)
+# Records merge into a copy of docs/bench/architecture.json in OUT_DIR. Everything stops SECONDS
 # (default 570) after the start.
 set -u -o pipefail
-OUT=${1:?usage: loss_kernel.sh OUT_DIR [SECONDS]}
+OUT=${1:?usage: loss_kernel.sh OUT_DIR [SECONDS] [PART]}
 deadline=$(( $(date +%s) + ${2:-570} ))
+PART=${3:-all}
+case $PART in all|rates) ;; *) echo "loss_kernel.sh: unknown part '$PART' (all or rates)"; exit 2 ;; esac
 left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
-timeout "$(left)" python3 -m pytest -q tests/test_head_loss.py tests/test_fused_loss.py -k cuda 2>&1 \
-  | tee "$OUT/logs/tests.log" | tail -15
-timeout "$(left)" python3 scripts/bench/head_loss_speed.py --out-dir "$OUT" 2>&1 | tee "$OUT/logs/head_loss_speed.log" \
-  | grep -vE "^\s*$" | tail -12
+if [ "$PART" = all ]; then
+  timeout "$(left)" python3 -m pytest -q -p no:logging tests/test_head_loss.py tests/test_fused_loss.py -k cuda 2>&1 \
+    | tee "$OUT/logs/tests.log" | tail -15
+  timeout "$(left)" python3 scripts/bench/head_loss_speed.py --out-dir "$OUT" 2>&1 \
+    | tee "$OUT/logs/head_loss_speed.log" | grep -vE "^\s*$" | tail -12
+fi
 tok=.cache/arch-long/tokens
 [ -f $tok/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
   --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 1
 cp docs/bench/architecture.json "$OUT/"
-timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --loss-kernel --steps 20 --warmup 8 \
-  --out-dir "$OUT" 2>&1 | tee "$OUT/logs/arch-speed-loss-kernel.log" | grep -E "tokens/s|tscale / gpt2|Error|error"
+for seq in 1024 $([ "$PART" = rates ] && echo 4096); do
+  timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --logits-loss --steps 20 --warmup 8 \
+    --seq-len $seq --out-dir "$OUT" 2>&1 | tee "$OUT/logs/arch-speed-logits-loss-T$seq.log" \
+    | grep -E "tokens/s|tscale / gpt2|Error|error"
+done
