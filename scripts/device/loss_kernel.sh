@@ -8,7 +8,8 @@
 #          scripts/bench/head_loss_speed.py (record OUT_DIR/head_loss.json), then tokenizes the mix
 #          (.devdata/data/mix.jsonl.xz, GPT-2 BPE) and runs scripts/bench/arch_speed.py --logits-loss in
 #          default compile mode: gpt2 and tscale, each with train.loss_kernel off (the logits path) and on
-#   rates  arch_speed.py --logits-loss at 1,024 and then at 4,096 tokens a window (--seq-len 4096)
+#   rates  arch_speed.py --logits-loss at 1,024 tokens a window, then at 4,096 (--seq-len 4096) gpt2, tscale and
+#          tscale with train.attention = cudnn_global (carry .devdata/hopper for the cuDNN frontend)
 # Records merge into a copy of docs/bench/architecture.json in OUT_DIR. Everything stops SECONDS
 # (default 570) after the start.
 set -u -o pipefail
@@ -30,8 +31,10 @@ tok=.cache/arch-long/tokens
 [ -f $tok/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
   --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 1
 cp docs/bench/architecture.json "$OUT/"
-for seq in 1024 $([ "$PART" = rates ] && echo 4096); do
-  timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --logits-loss --steps 20 --warmup 8 \
-    --seq-len $seq --out-dir "$OUT" 2>&1 | tee "$OUT/logs/arch-speed-logits-loss-T$seq.log" \
+timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --logits-loss --steps 20 --warmup 8 \
+  --out-dir "$OUT" 2>&1 | tee "$OUT/logs/arch-speed-logits-loss.log" | grep -E "tokens/s|tscale / gpt2|Error|error"
+if [ "$PART" = rates ]; then
+  timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --attention cudnn_global --steps 20 \
+    --warmup 8 --seq-len 4096 --out-dir "$OUT" 2>&1 | tee "$OUT/logs/arch-speed-T4096.log" \
     | grep -E "tokens/s|tscale / gpt2|Error|error"
-done
+fi

@@ -3,7 +3,8 @@
 #
 #   source scripts/device/setup_env.sh LOG_DIR     (from the repository root)
 #
-# Installs .whl/*.whl and unpacks .whl/cutlass-*-headers.tar.xz (include/cutlass, include/cute and
+# Installs .whl/*.whl (and .devdata/hopper/*.whl: nvidia-cudnn-frontend for train.attention = "cudnn*", 12 MB,
+# carried only when a run needs it) and unpacks .whl/cutlass-*-headers.tar.xz (include/cutlass, include/cute and
 # tools/util/include of a CUTLASS release; scripts/device/cutlass_headers.sh makes it) for tscale._C_cutlass; a failed build of it is retried
 # without it. Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
 # machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++
@@ -11,8 +12,9 @@
 # capability, e.g. 9.0, ignoring a preset such as 9.0a). Prints the build time.
 LOG_DIR=${1:?usage: source scripts/device/setup_env.sh LOG_DIR}
 mkdir -p "$LOG_DIR"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$LOG_DIR/wheels.log" 2>&1
+wheels=$(compgen -G ".whl/*.whl"; compgen -G ".devdata/hopper/*.whl")  # the second: the cuDNN frontend, when carried
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $wheels > "$LOG_DIR/wheels.log" 2>&1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if compgen -G ".whl/cutlass-*-headers.tar.xz" > /dev/null; then  # CUTLASS's headers, smaller than its wheel
