@@ -121,8 +121,9 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+# (setting, the loss function it routes the step through, steps that call it: the kernel serves GPU steps only)
 TRAINED_WITH = [("train.fused_loss", "chunked_head_loss", 5),
-                ("train.loss_kernel", "head_loss", 5 if torch.cuda.is_available() else 0)]  # the kernel serves GPUs only
+                ("train.loss_kernel", "head_loss", 5 if torch.cuda.is_available() else 0)]
 
 
 @pytest.mark.parametrize("setting,name,calls_expected", TRAINED_WITH)

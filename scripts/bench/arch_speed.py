@@ -121,7 +121,8 @@ def main() -> None:
                 metrics[f"arch_speed_ratio_{variant}_{key}"] = round(rates[arch] / rates[baseline], 4)
         if args.logits_loss:
             for arch in ("gpt2", "tscale"):
-                metrics[f"arch_speed_loss_kernel_gain_{arch}_{key}"] = round(rates[arch] / rates[f"{arch}_logits_loss"], 4)
+                gain = rates[arch] / rates[f"{arch}_logits_loss"]
+                metrics[f"arch_speed_loss_kernel_gain_{arch}_{key}"] = round(gain, 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"

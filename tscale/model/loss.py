@@ -1,4 +1,4 @@
-"""Next-token cross-entropy: on logits, computed in float32, or straight from the head's input (in chunks or by kernel)."""
+"""Next-token cross-entropy: on logits in float32, or straight from the head's input (in chunks or by kernel)."""
 
 import torch
 import torch.nn as nn

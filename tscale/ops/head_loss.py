@@ -7,8 +7,9 @@ both the per-token losses and the gradient of the mean loss with respect to the 
 one-hot, times the soft-cap's derivative, over N); the logits are not kept. The backward turns that
 gradient into those of the head's input and weight with two products and only then scales them by
 the upstream gradient, a scalar, on the small (N, d) and (V, d) results. The arithmetic is that of
-the models' logits path (`tscale.ops.fused_loss.head_loss_reference`; tests/test_head_loss.py compares
-them, backward included). Mean loss only: per-token losses with their own upstream gradients take the logits path.
+the models' logits path (`tscale.ops.fused_loss.head_loss_reference`; tests/test_fused_loss.py compares
+them, backward included; tests/test_head_loss.py the kernel with its reference twin). Mean loss only:
+per-token losses with their own upstream gradients take the logits path.
 
 softcap_xent_grad(logits (N, V_padded), targets (N,) int64, vocab_size, softcap, scale)
     -> losses (N,) fp32, grad (N, V_padded) in the logits' dtype
