@@ -1,8 +1,15 @@
 """The one-pass head loss's kernel and reference twin (tscale/ops/head_loss.py).
 
+The kernel's source (csrc/loss/softcap_xent_kernel.cuh) runs on a GPU (tests marked cuda) and on the CPU
+emulator of tests/attention_emu (tests/loss_emu, built by torch.utils.cpp_extension; TSCALE_SKIP_EMU=1 skips
+those), each compared with the reference twin on random logits.
+
 The loss against the logits path, in the models, compiled and in training, is tested with the chunked one in
 test_fused_loss.py.
 """
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,3 +65,48 @@ def test_kernel_marks_a_target_outside_the_vocabulary():
     logits = _logits(4, 64, dtype=torch.bfloat16, device="cuda")
     losses, _ = softcap_xent_grad(logits, torch.tensor([0, 49, 50, -1], device="cuda"), 50, 0.0, 1.0)
     assert torch.isfinite(losses[:2]).all() and torch.isnan(losses[2:]).all()
+
+
+@pytest.fixture(scope="module")
+def emu():
+    if os.environ.get("TSCALE_SKIP_EMU") == "1":
+        pytest.skip("TSCALE_SKIP_EMU=1")
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError:
+        pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
+    repo = Path(__file__).resolve().parents[1]
+    return cpp_extension.load(name="tscale_loss_emu", sources=[str(repo / "tests" / "loss_emu" / "softcap_xent_emu.cpp")],
+                              extra_include_paths=[str(repo / "csrc" / "loss"), str(repo / "tests" / "loss_emu"),
+                                                   str(repo / "tests" / "attention_emu")],
+                              extra_cflags=["-O2"], verbose=False)
+
+
+EMU_CASES = [  # N, V, V_pad, softcap: 1, 2 and 16 vectors of 8 per thread (the last the GPT-2 vocabulary)
+    (3, 37, 40, 0.0), (2, 1000, 1024, 15.0), (2, 5000, 5120, 0.0), (1, 50257, 50304, 30.0)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])  # the emulator's fibers run in another random order
+@pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_kernel_matches_its_reference(emu, case, seed):
+    N, V, V_pad, softcap = case
+    emu.set_seed(seed)
+    logits = _logits(N, V_pad, seed=V + seed, dtype=torch.bfloat16)
+    targets = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(seed))
+    losses, grad = emu.softcap_xent_grad(logits, targets, V, softcap, 1.0 / N)
+    want_losses, want_grad = softcap_xent_grad_reference(logits, targets, V, softcap, 1.0 / N)
+    torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.float(), want_grad.float(), rtol=1e-2, atol=1e-6 / N)  # one bf16 rounding apart
+    assert torch.all(grad[:, V:] == 0) and grad[:, :V].abs().sum() > 0
+
+
+def test_emulated_kernel_marks_targets_outside_the_vocabulary_and_refuses_bad_rows(emu):
+    logits = _logits(4, 64, dtype=torch.bfloat16)
+    losses, _ = emu.softcap_xent_grad(logits, torch.tensor([0, 49, 50, -1]), 50, 0.0, 1.0)
+    assert torch.isfinite(losses[:2]).all() and torch.isnan(losses[2:]).all()
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        emu.softcap_xent_grad(_logits(2, 60, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.long), 50, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match="bf16"):
+        emu.softcap_xent_grad(_logits(2, 64), torch.zeros(2, dtype=torch.long), 50, 0.0, 1.0)
