@@ -14,18 +14,15 @@ Tolerances: bf16 output and gradients within 2.5% of the largest reference value
 kernel rounds P and dS to bf16 for the tensor cores, as FlashAttention does.
 """
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 from helpers_attention import doc_ids
+from helpers_emu import build_emulator
 
 from tscale.ops.attention import (_attention_backward_op, _attention_op, _kernel_op, attention, attention_kernel,
                                   attention_path, attention_reference, kernel_unusable_reason)
 from tscale.ops.backend import cuda_kernels_available, kernels_available
 
-REPO = Path(__file__).resolve().parents[1]
 TOL = 2.5e-2
 
 needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_kernels_available()),
@@ -167,18 +164,7 @@ def test_attention_picks_the_kernel_and_compiles():
 
 @pytest.fixture(scope="module")
 def emu():
-    if os.environ.get("TSCALE_SKIP_EMU") == "1":
-        pytest.skip("TSCALE_SKIP_EMU=1")
-    from torch.utils import cpp_extension
-
-    try:
-        cpp_extension.verify_ninja_availability()
-    except RuntimeError:
-        pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
-    emu_dir = REPO / "tests" / "attention_emu"
-    return cpp_extension.load(name="tscale_attention_emu", sources=[str(emu_dir / "attention_emu.cpp")],
-                              extra_include_paths=[str(REPO / "csrc" / "attention"), str(emu_dir)],
-                              extra_cflags=["-O2"], verbose=False)
+    return build_emulator("tscale_attention_emu", "attention_emu/attention_emu.cpp", ["csrc/attention"])
 
 
 EMU_CASES = [  # B, H, T, D, window, layout, sink

@@ -8,12 +8,10 @@ The loss against the logits path, in the models, compiled and in training, is te
 test_fused_loss.py.
 """
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers_emu import build_emulator
 
 from tscale.ops.head_loss import softcap_xent_grad, softcap_xent_grad_reference
 
@@ -69,19 +67,7 @@ def test_kernel_marks_a_target_outside_the_vocabulary():
 
 @pytest.fixture(scope="module")
 def emu():
-    if os.environ.get("TSCALE_SKIP_EMU") == "1":
-        pytest.skip("TSCALE_SKIP_EMU=1")
-    from torch.utils import cpp_extension
-
-    try:
-        cpp_extension.verify_ninja_availability()
-    except RuntimeError:
-        pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
-    repo = Path(__file__).resolve().parents[1]
-    return cpp_extension.load(name="tscale_loss_emu", sources=[str(repo / "tests" / "loss_emu" / "softcap_xent_emu.cpp")],
-                              extra_include_paths=[str(repo / "csrc" / "loss"), str(repo / "tests" / "loss_emu"),
-                                                   str(repo / "tests" / "attention_emu")],
-                              extra_cflags=["-O2"], verbose=False)
+    return build_emulator("tscale_loss_emu", "loss_emu/softcap_xent_emu.cpp", ["csrc/loss", "tests/loss_emu"])
 
 
 EMU_CASES = [  # N, V, V_pad, softcap: 1, 2 and 16 vectors of 8 per thread (the last the GPT-2 vocabulary)

@@ -1,0 +1,27 @@
+"""Building a CUDA kernel's source for the CPU emulator of tests/attention_emu (skipped where it cannot be built)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_emulator(name: str, source: str, include_dirs: list[str]):
+    """The extension `name` built from tests/<source> with tests/attention_emu and the repo-relative include_dirs.
+
+    Skips the calling test where TSCALE_SKIP_EMU=1 or where ninja (which torch.utils.cpp_extension needs) is
+    missing; torch caches the build, so the compile (up to about a minute) happens once per source version.
+    """
+    if os.environ.get("TSCALE_SKIP_EMU") == "1":
+        pytest.skip("TSCALE_SKIP_EMU=1")
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError:
+        pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
+    paths = [str(REPO / d) for d in include_dirs] + [str(REPO / "tests" / "attention_emu")]
+    return cpp_extension.load(name=name, sources=[str(REPO / "tests" / source)], extra_include_paths=paths,
+                              extra_cflags=["-O2"], verbose=False)
