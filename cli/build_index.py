@@ -4,6 +4,7 @@ import click
 from rich.console import Console
 
 from tscale.index.build import DEFAULT_FEATURES_SPAN, DEFAULT_MAX_MEMORY_GB, build_index as build
+from tscale.index.distribution import DISTRIBUTIONS
 from tscale.index.features import DEFAULT_TOPK, FEATURE_MAX_LEN
 
 
@@ -23,6 +24,10 @@ from tscale.index.features import DEFAULT_TOPK, FEATURE_MAX_LEN
               help="Next tokens (with their counts) stored per position in the features.")
 @click.option("--features-max-len", type=int, default=FEATURE_MAX_LEN, show_default=True, metavar="L",
               help="Cap every lookup's match at L tokens (a model reads the features with index.max_len = L).")
+@click.option("--features-distribution", type=click.Choice(DISTRIBUTIONS), default="counts", show_default=True,
+              help="What the features say about the next token: the longest match's counts, or the Witten-Bell "
+              "backoff over the matches capped at 32, 16, 8, 4, 2 and 1 token as well (one lookup per cap; a model "
+              "reads it with index.distribution = \"backoff\").")
 @click.option("--features-folds", type=int, metavar="K",
               help="Look up the training features in K fold indexes, each of the other folds minus the documents "
               "sharing a --features-span span with the fold (as the decontaminated evaluation index); "
@@ -33,12 +38,12 @@ from tscale.index.features import DEFAULT_TOPK, FEATURE_MAX_LEN
               "(default: all cores; used when the corpus needs several shards).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
 def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, decontaminate_against, features,
-                features_topk, features_max_len, features_folds, features_span, workers, quiet) -> None:
+                features_topk, features_max_len, features_distribution, features_folds, features_span, workers, quiet) -> None:
     """Build the suffix-array index of the training documents of token folder TOKENS into OUT."""
     m = build(tokens, out, max_memory_gb=max_memory_gb, decontaminate=decontaminate, features=features,
               shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk,
               features_folds=features_folds, features_span=features_span, decontaminate_against=decontaminate_against,
-              features_max_len=features_max_len)
+              features_max_len=features_max_len, features_distribution=features_distribution)
     console = Console(highlight=False)
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "
@@ -50,8 +55,9 @@ def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, deconta
                       f"{d['dropped_tokens']:,} tokens")
     if m["features"]:
         f = m["features"]
+        what = "counts" if f["distribution"] == "counts" else "backoff probabilities"
         console.print(f"features written for train and val: match length (max {f['max_len']}), top-{f['topk']} next "
-                      f"tokens and counts, {f['record_bytes']} bytes/token")
+                      f"tokens and {what}, {f['record_bytes']} bytes/token")
         if "train_lookups" in f:
             t = f["train_lookups"]
             sizes = ", ".join(f"{p['index_tokens']:,}" for p in t["per_fold"])

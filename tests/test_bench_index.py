@@ -21,6 +21,8 @@ def test_variant_items_and_feature_source():
     name, sets = index_quality.parse_variant("folds=features=folds,index.mixer=true")
     assert name == "folds" and index_quality.feature_source(sets) == ("folds", ["index.mixer=true"])
     assert index_quality.feature_source(index_quality.parse_variant("m=index.mixer=true")[1]) == ("loo", ["index.mixer=true"])
+    backoff = index_quality.parse_variant("b=features=backoff,index.mixer=true")[1]
+    assert index_quality.feature_source(backoff) == ("backoff", ["index.mixer=true", 'index.distribution="backoff"'])
     with pytest.raises(argparse.ArgumentTypeError, match="features=kfold"):
         index_quality.parse_variant("x=features=kfold,index.mixer=true")
     with pytest.raises(argparse.ArgumentTypeError, match="NAME not 'base'"):

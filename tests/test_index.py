@@ -6,11 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers_index import write_token_folder
+
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.eval.index_eval import val_features
 from tscale.index import Index, build_index
 from tscale.index import features as features_module
+from tscale.index.distribution import FeatureLookup
 from tscale.index.features import StoredFeatures, unpack
 from tscale.index.folds import assign_folds
 from tscale.index.lookup import MERGE_TOPK, merge_shards
@@ -151,26 +154,6 @@ def test_merge_shards_sums_counts_at_the_longest_length():
     np.testing.assert_array_equal(cnt, [[5, 4], [2, 0]])
 
 
-def _write_tokens(folder: Path, train_docs: list[list[int]], val_docs: list[list[int]], vocab: int = 40,
-                  tokenizer_text: str = "{}") -> Path:
-    """A token folder written directly (docs given as token lists; eos = vocab - 1 appended)."""
-    from tscale.data.shards import TOKENS_FORMAT, TOKENS_VERSION, ShardWriter
-    from tscale.manifest import write_manifest
-
-    folder.mkdir(parents=True)
-    (folder / "tokenizer.json").write_text(tokenizer_text)
-    splits, files = {}, ["tokenizer.json"]
-    for split, docs in (("train", train_docs), ("val", val_docs)):
-        w = ShardWriter(folder, split, np.dtype("<u2"), 60)
-        for d in docs:
-            w.add(np.array(d + [vocab - 1]), 0, len(d))
-        splits[split] = w.close()
-        files += w.files()
-    write_manifest(folder, TOKENS_FORMAT, TOKENS_VERSION, files, vocab_size=vocab, eos_id=vocab - 1, dtype="<u2",
-                   tokenizer="tokenizer.json", sources=["test"], splits=splits)
-    return folder
-
-
 def _docs(rng, count, vocab=39):
     return [list(rng.integers(0, vocab, int(rng.integers(5, 25)))) for _ in range(count)]
 
@@ -184,7 +167,7 @@ def token_folder(tmp_path):
     train[4] = train[4][:3] + val[1][2:17] + train[4][3:]  # shares a 15-token span with validation
     train[11] = val[3][:9] + [0] + val[3][9:13]  # shares only short spans
     train[20] = list(train[7])  # an exact duplicate inside train
-    return _write_tokens(tmp_path / "tokens", train, val)
+    return write_token_folder(tmp_path / "tokens", train, val)
 
 
 def _index_docs(folder: TokenFolder) -> list[np.ndarray]:
@@ -282,7 +265,7 @@ def test_decontamination_against_another_folders_validation(token_folder, tmp_pa
     train = _index_docs(folder)
     rng = np.random.default_rng(8)
     other_val = [list(train[9][1:12]) + list(rng.integers(0, 39, 6)), list(rng.integers(0, 39, 20))]
-    other = _write_tokens(tmp_path / "other", [[1, 2, 3]], other_val)
+    other = write_token_folder(tmp_path / "other", [[1, 2, 3]], other_val)
     n = 10
     grams = set()
     for s in TokenFolder(other).shards("val"):
@@ -300,7 +283,7 @@ def test_decontamination_against_another_folders_validation(token_folder, tmp_pa
         assert info["decontaminated_against_this_split"] is checked
     with pytest.raises(UserError, match="only with --decontaminate"):
         build_index(token_folder, tmp_path / "i2", decontaminate_against=other, quiet=True)
-    foreign = _write_tokens(tmp_path / "foreign", [[1, 2, 3]], [[4, 5, 6]], tokenizer_text='{"other": 1}')
+    foreign = write_token_folder(tmp_path / "foreign", [[1, 2, 3]], [[4, 5, 6]], tokenizer_text='{"other": 1}')
     with pytest.raises(UserError, match="tokenizer"):
         build_index(token_folder, tmp_path / "i3", decontaminate=n, decontaminate_against=foreign, quiet=True)
 
@@ -348,7 +331,7 @@ def test_capped_features_are_the_lookups_at_that_cap(token_folder, tmp_path):
     np.testing.assert_array_equal(train["count"], cnt)
     assert lens.max() == cap < index.lookup(query, excl, max_len=64, topk=3)[0].max()  # the cap bites here
     val = folder.shards("val")[0]
-    np.testing.assert_array_equal(stored.shards("val")[0], features_module.fresh_features(index, val, 3, None, cap))
+    np.testing.assert_array_equal(stored.shards("val")[0], features_module.fresh_features(index, val, FeatureLookup(3, cap), None))
     with pytest.raises(UserError, match="index.max_len 64: .* capped at 6 tokens; set index.max_len = 6"):
         StoredFeatures(index.path, folder, topk=3)
     assert val_features(index.path, folder, 3, None, cap)[1]["lookups"] == "stored features"
@@ -376,10 +359,10 @@ def test_generation_lookups_take_the_models_cap(token_folder, tmp_path):
     index = Index(tmp_path / "index")
     ids = [int(t) for t in _index_docs(TokenFolder(token_folder))[7][:30]]  # a document with a copy in the index
     for cap in (4, 64):
-        got = IndexLookups(index, 2, torch.device("cpu"), max_len=cap).last(ids, 10)
+        got = IndexLookups(index, FeatureLookup(2, cap), torch.device("cpu")).last(ids, 10)
         want = index.lookup(np.asarray(ids), max_len=cap, topk=2)
         np.testing.assert_array_equal(got.match_len[0].numpy(), want[0][-10:])
-    assert IndexLookups(index, 2, torch.device("cpu"), max_len=4).last(ids, 10).match_len.max() == 4
+    assert IndexLookups(index, FeatureLookup(2, 4), torch.device("cpu")).last(ids, 10).match_len.max() == 4
 
 
 def test_evaluation_cap_is_the_models_own():
@@ -470,7 +453,7 @@ def test_cli_errors(token_folder, tmp_path, run_cli):
 @needs_kernels
 def test_index_refuses_tokens_of_another_tokenizer(token_folder, tmp_path):
     build_index(token_folder, tmp_path / "index", quiet=True)
-    other = _write_tokens(tmp_path / "other", [[1, 2, 3]], [[4, 5]], tokenizer_text='{"other": 1}')
+    other = write_token_folder(tmp_path / "other", [[1, 2, 3]], [[4, 5]], tokenizer_text='{"other": 1}')
     with pytest.raises(UserError, match="tokenizer sha256"):
         Index(tmp_path / "index").check_tokens(TokenFolder(other))
     (tmp_path / "index" / "shard-00000.sa").unlink()

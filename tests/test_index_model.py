@@ -18,6 +18,7 @@ from tscale.data.tokenize import tokenize_corpus
 from tscale.errors import UserError
 from tscale.eval import evaluate_checkpoint
 from tscale.index import Index, build_index
+from tscale.index.distribution import FeatureLookup
 from tscale.index.features import FEATURE_MAX_LEN, StoredFeatures, doc_batches
 from tscale.index.mixing import IndexFeatures, IndexMixer, bucket_labels
 from tscale.infer import Engine, GenerationParams, SamplingParams
@@ -425,3 +426,34 @@ def test_infer_index_generates_and_refuses_mismatches(world, runs):
     stats = DraftStats()
     assert list(drafting.token_stream(prompt, params.max_new_tokens, params.sampling, None, stats)) == generated
     assert stats.drafted > 0 and stats.passes + stats.accepted == len(generated)  # lookups fed at every draft position
+
+
+def test_backoff_distribution_trains_evaluates_and_generates(world, tmp_path):
+    """index.distribution = "backoff" end to end: stored features train the mixer, an evaluation against the same
+    documents looked up now scores the same, generation feeds the same lookups as the whole sequence at once."""
+    _, tokens, _, _, plain = world
+    backoff = tmp_path / "backoff"
+    build_index(tokens, backoff, features=True, features_distribution="backoff", quiet=True)
+    sets = ("index.mixer=true", 'index.distribution="backoff"', "train.steps=4", "train.eval_every=2",
+            "train.eval_batches=2")
+    run = train_run(_cfg(tokens, backoff, *sets), tmp_path / "run", quiet=True)
+    assert run.val_loss is not None and np.isfinite(run.val_loss)
+    with pytest.raises(UserError, match="index.distribution 'counts'"):
+        train_run(_cfg(tokens, backoff, "index.mixer=true", "train.steps=1"), tmp_path / "counts", quiet=True)
+
+    stored, fresh = evaluate_checkpoint(tmp_path / "run", tokens, indexes=[backoff, plain])["indexes"]
+    assert (stored["lookups"], fresh["lookups"]) == ("stored features", "looked up now")
+    assert stored["distribution"] == fresh["distribution"] == "backoff"
+    assert fresh["val_loss"] == pytest.approx(stored["val_loss"], rel=1e-6)
+    hidden = evaluate_checkpoint(tmp_path / "run", tokens, indexes=[backoff])["without_index"]
+    assert hidden["val_loss"] != pytest.approx(stored["val_loss"], rel=1e-4)  # the mixture changes the loss
+
+    engine = Engine.from_checkpoint(tmp_path / "run", "cpu", index=plain)
+    prompt = [int(t) for t in TokenFolder(tokens).shards("train")[0].tokens[:6]]
+    generated = list(engine.token_stream(prompt, SEQ_LEN - len(prompt), SamplingParams(temperature=0.0), None))
+    ids = prompt + generated
+    looked = FeatureLookup(4, FEATURE_MAX_LEN, "backoff")(Index(plain), np.asarray(ids))
+    feats = IndexFeatures(*(torch.from_numpy(a.astype(np.int64)).unsqueeze(0) for a in looked))
+    with torch.no_grad():
+        logp = engine.model(torch.tensor([ids]), index=feats)  # (1, T, V)
+    assert generated == logp[0, len(prompt) - 1:-1].argmax(-1).tolist()

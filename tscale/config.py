@@ -247,6 +247,10 @@ class IndexConfig(_Section):
     probability of that token (tscale/index/mixing.py). They start at zero, so the gate starts
     as it would without them; a checkpoint saved without them loads with them at zero, and a run
     saved before the key existed resumes without them (`ADDED_KEYS`).
+    `distribution` is what the index says about the next token (tscale/index/distribution.py):
+    "counts", the longest match's top-`topk` counts, or "backoff", Witten-Bell interpolation over
+    that match and the shorter ones capped at 32, 16, 8, 4, 2 and 1 token, its `topk` most probable
+    tokens and the rest spread evenly; the features must hold the same (`--features-distribution`).
     """
 
     path: str = ""
@@ -258,6 +262,7 @@ class IndexConfig(_Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     mixer_joint: bool = False
     gate_stats: bool = True
+    distribution: Literal["counts", "backoff"] = "counts"
 
     @property
     def enabled(self) -> bool:

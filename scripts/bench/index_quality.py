@@ -12,7 +12,10 @@ GPT-2 BPE, made by `tscale tokenize`), it runs the real stages as subprocesses:
    (features of the raw index; default: one variant "mixer" = index.mixer, the gate-only mixture).
    A variant with the item `features=folds` trains on training features looked up in K fold
    indexes decontaminated against their fold at the first N (`tscale build-index --features
-   --features-folds K`, K = --features-folds, default 4; the index itself is the raw one);
+   --features-folds K`, K = --features-folds, default 4; the index itself is the raw one).
+   A variant with the item `features=backoff` trains on the raw index's features of the
+   backoff distribution (`--features-distribution backoff`, and index.distribution = "backoff"
+   for the model: tscale/index/distribution.py), and is evaluated with it;
 4. `tscale eval --index RAW --index DEC...` of every model on every validation token.
 
 ppl_reduction_X = 1 - ppl(model with index, lookups in index X) / ppl(model without index).
@@ -33,6 +36,7 @@ limit continues where it stopped when started again (--fresh starts over).
   python scripts/bench/index_quality.py TOKENS [--train-tokens 65536000] [--work .cache/bench-index-quality]
       [--variant NAME=KEY=VALUE[,KEY=VALUE...]]...   e.g. --variant mixer=index.mixer=true
       [--features-folds 4]                           e.g. --variant folds=features=folds,index.mixer=true
+                                                     e.g. --variant backoff=features=backoff,index.mixer=true
       [--extra-index NAME=INDEX]...                  e.g. --extra-index linux=INDEX-OF-A-LARGER-CORPUS
       [--index-max-len L]                            every lookup's match capped at L tokens (features, models, eval)
   python scripts/bench/index_quality.py TOKENS --tiny      # CPU, tiny model, minutes; writes under --work
@@ -142,7 +146,7 @@ def record_part(metrics: dict, cap: int | None) -> tuple[dict, str, tuple[str, .
             tuple(prefix + k for k in QUALITY_KEYS))
 
 
-FEATURE_SOURCES = ("features=loo", "features=folds")  # a variant's item choosing its training features (not a config key)
+FEATURE_SOURCES = ("features=loo", "features=folds", "features=backoff")  # a variant's training features (not a config key)
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -166,9 +170,11 @@ def parse_extra_index(text: str) -> tuple[str, Path]:
 
 
 def feature_source(sets: list[str]) -> tuple[str, list[str]]:
-    """("loo" or "folds", the config overrides without the features item)."""
-    source = "folds" if "features=folds" in sets else "loo"
-    return source, [s for s in sets if s not in FEATURE_SOURCES]
+    """("loo", "folds" or "backoff", the config overrides without the features item, plus what backoff needs)."""
+    picked = [s.partition("=")[2] for s in sets if s in FEATURE_SOURCES]
+    source = picked[-1] if picked else "loo"
+    rest = [s for s in sets if s not in FEATURE_SOURCES]
+    return source, rest + (['index.distribution="backoff"'] if source == "backoff" else [])
 
 
 def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
@@ -250,11 +256,14 @@ def main() -> None:
         build(tokens, decs[-1], log, ["--decontaminate", n, "--max-memory-gb", args.max_memory_gb])
     variants = dict(args.variants or [("mixer", ["index.mixer=true"])])
     sources = {name: feature_source(sets) for name, sets in variants.items()}
-    feature_index = {"loo": raw, "folds": work / f"index-folds{args.features_folds}"}
+    feature_index = {"loo": raw, "folds": work / f"index-folds{args.features_folds}", "backoff": work / "index-raw-backoff"}
     if any(src == "folds" for src, _ in sources.values()):
         build(tokens, feature_index["folds"], log, ["--features", *cap_build, "--features-folds", args.features_folds,
                                                     "--features-span", args.decontaminate[0],
                                                     "--max-memory-gb", args.max_memory_gb])
+    if any(src == "backoff" for src, _ in sources.values()):
+        build(tokens, feature_index["backoff"], log, ["--features", *cap_build, "--features-distribution", "backoff",
+                                                      "--max-memory-gb", args.max_memory_gb])
     index_s = time.perf_counter() - t_index
 
     config = None if args.tiny else args.config

@@ -19,8 +19,9 @@ from tscale.data.loader import WindowFeatures
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.index import Index
-from tscale.index.features import (FEATURE_MAX_LEN, FEATURES_VERSION, StoredFeatures, fresh_features, same_tokens,
-                                   tokens_match)
+from tscale.index.distribution import FeatureLookup
+from tscale.index.features import (FEATURE_MAX_LEN, FEATURE_MAX_SUPPORT, FEATURES_VERSION, StoredFeatures,
+                                   fresh_features, same_tokens, stored_distribution, tokens_match)
 from tscale.index.mixing import BUCKET_EDGES, bucket_labels
 
 SHORT_MATCH = 16  # "below_16": tokens whose context matched fewer than this many tokens
@@ -32,25 +33,28 @@ def bucket_of(match_len: np.ndarray) -> np.ndarray:
 
 
 def val_features(index_path: str | Path, folder: TokenFolder, topk: int, max_tokens: int | None,
-                 max_len: int = FEATURE_MAX_LEN) -> tuple[WindowFeatures, dict]:
-    """The val split's lookups against the index at `index_path` (matches capped at `max_len`), and what the
-    eval record says about the index."""
+                 max_len: int = FEATURE_MAX_LEN, distribution: str = "counts") -> tuple[WindowFeatures, dict]:
+    """The val split's lookups against the index at `index_path` (matches capped at `max_len`, the next-token
+    `distribution` of tscale/index/distribution.py), and what the eval record says about the index."""
     index = Index(index_path)
     index.check_tokens(folder)
     m = index.manifest
     stored = m.get("features")
     usable = (bool(stored) and stored.get("version") == FEATURES_VERSION and stored["topk"] >= topk
-              and stored.get("max_len", FEATURE_MAX_LEN) == max_len and tokens_match(m, folder))
+              and stored.get("max_len", FEATURE_MAX_LEN) == max_len and stored_distribution(stored) == distribution
+              and tokens_match(m, folder))
     if usable:
-        records = StoredFeatures(index_path, folder, topk, max_len).shards("val")
+        records = StoredFeatures(index_path, folder, topk, max_len, distribution).shards("val")
         how = "stored features"
     else:
         records, left = [], max_tokens
         for shard in folder.shards("val"):
-            records.append(fresh_features(index, shard, topk, None if left is None else left + 1, max_len))
+            lookup = FeatureLookup(topk, max_len, distribution, FEATURE_MAX_SUPPORT)
+            records.append(fresh_features(index, shard, lookup, None if left is None else left + 1))
             left = None if left is None else max(0, left - (len(shard.tokens) - 1))
         how = "looked up now"
     info = {"index": str(index.path), "lookups": how, "index_tokens": m["num_tokens"], "max_len": max_len,
+            "distribution": distribution,
             "decontamination": m.get("decontamination")}
     d = info["decontamination"]
     if d:  # against these validation documents, or another folder's?

@@ -236,14 +236,15 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     if not indexes:
         return {**head, **evaluate(model, folder, device, batch_size, max_tokens, on_progress)}
     topk = ck.index_cfg.topk if uses_index else 1
+    distribution = ck.index_cfg.distribution if uses_index else "counts"
     max_len = lookup_max_len(ck, index_max_len)
     entries, hidden = [], None
     for path in indexes:
-        features, info = val_features(path, folder, topk, max_tokens, max_len)
+        features, info = val_features(path, folder, topk, max_tokens, max_len, distribution)
         entries.append({**info, **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features)})
         if uses_index and hidden is None:  # the same model with its lookups switched off, in the first index's buckets
             hidden = {**info, "lookups": "hidden",
                       **evaluate(model, folder, device, batch_size, max_tokens, on_progress, features, hide_lookups=True)}
     first = {k: v for k, v in entries[0].items()
-             if k not in ("index", "lookups", "index_tokens", "max_len", "decontamination")}
+             if k not in ("index", "lookups", "index_tokens", "max_len", "distribution", "decontamination")}
     return {**head, **first, "indexes": entries, **({"without_index": hidden} if hidden else {})}

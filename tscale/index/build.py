@@ -23,6 +23,7 @@ from tscale.errors import UserError
 from tscale.fileio import atomic_dir, sha256_file
 from tscale.index import features as feats
 from tscale.index.decontaminate import contaminated_docs
+from tscale.index.distribution import FeatureLookup
 from tscale.index.folds import MAX_FOLDS, write_fold_features
 from tscale.index.lookup import DOC_COLUMNS, INDEX_FORMAT, INDEX_VERSION, SA_BYTES, Index, tokens_identity
 from tscale.manifest import write_manifest
@@ -55,7 +56,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
                 quiet: bool = False, workers: int | None = None, features_topk: int = feats.DEFAULT_TOPK,
                 features_folds: int | None = None, features_span: int = DEFAULT_FEATURES_SPAN,
                 decontaminate_against: str | os.PathLike | None = None,
-                features_max_len: int = feats.FEATURE_MAX_LEN) -> dict:
+                features_max_len: int = feats.FEATURE_MAX_LEN, features_distribution: str = "counts") -> dict:
     """Build the index folder `out` from the token folder `tokens`; return its manifest.
 
     decontaminate: drop the training documents sharing that many tokens with a validation document
@@ -67,7 +68,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     looked up leave-one-out in this index, or with `features_folds` K, each fold in an index
     of the other folds decontaminated against it at `features_span` tokens (tscale/index/folds.py).
     Every lookup's match is capped at `features_max_len` tokens (a model reads them with index.max_len
-    the same).
+    the same); `features_distribution` "backoff" stores the Witten-Bell backoff over shorter matches
+    instead of the longest match's counts (tscale/index/distribution.py; index.distribution the same).
     """
     out = Path(out)
     if out.exists():
@@ -76,11 +78,12 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         raise UserError(f"--max-memory-gb {max_memory_gb}: must be positive")
     if decontaminate is not None and decontaminate < 1:
         raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
-    if not 1 <= features_topk <= feats.MAX_TOPK:
-        raise UserError(f"--features-topk {features_topk}: must be between 1 and {feats.MAX_TOPK}")
-    feats.check_max_len(features_max_len, "--features-max-len")
+    lookup = FeatureLookup(features_topk, features_max_len, features_distribution, feats.FEATURE_MAX_SUPPORT)
+    feats.check_lookup(lookup)
     if features_max_len != feats.FEATURE_MAX_LEN and not features:
         raise UserError(f"--features-max-len {features_max_len}: only with --features (it caps their lookups)")
+    if features_distribution != "counts" and not features:
+        raise UserError(f"--features-distribution {features_distribution}: only with --features")
     if features_folds is not None:
         if not features:
             raise UserError("--features-folds: only with --features (it says how the training features are looked up)")
@@ -116,12 +119,11 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
         if features:
             splits = ("val",) if features_folds else ("train", "val")
-            written = feats.write_features(Index(tmp), folder, tmp, progress, topk=features_topk, splits=splits,
-                                           max_len=features_max_len)
+            written = feats.write_features(Index(tmp), folder, tmp, progress, lookup, splits)
             if features_folds:
-                train = write_fold_features(folder, tmp, features_folds, features_span, features_topk, progress,
+                train = write_fold_features(folder, tmp, features_folds, features_span, lookup, progress,
                                             lambda drop, dest: write_index(folder, drop, limit, workers, dest, progress,
-                                                                           "fold index"), features_max_len)
+                                                                           "fold index"))
                 written["files"] = train.pop("files") + written["files"]
                 written["record"]["train_lookups"] = train
                 written["record"]["leave_one_out"] = "train tokens are looked up in their fold's index (train_lookups)"

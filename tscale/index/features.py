@@ -8,13 +8,16 @@ about the context that ends at that token (the index's view of the token that fo
   next   token dtype (k,) the k most frequent tokens that followed that context in the index,
                           most frequent first; `none_token` (= vocab_size) where there are fewer
   count  uint32 (k,)      how often each followed it (0 for none; ranges above FEATURE_MAX_SUPPORT
-                          occurrences are sampled and scaled, see Index.lookup)
+                          occurrences are sampled and scaled, see Index.lookup); with the backoff
+                          distribution, the k most probable tokens instead and their probabilities
+                          in units of 2^-30 (tscale/index/distribution.py)
 
 so 1 + 2k + 4k bytes a record with uint16 tokens (25 for the default k = 4). Training tokens
 are looked up leave-one-out: occurrences overlapping their own document do not count.
 Validation documents are never in the index, so they need no exclusion. Contexts restart
 after each eos. The manifest's "features" record (FEATURES_VERSION 2) gives k, the limits,
-the dtype and none_token; version 1 (len and top-1 next only) is refused when read.
+the dtype, none_token and the distribution ("counts" where the key is missing); version 1 (len
+and top-1 next only) is refused when read.
 
 Features belong to the token folder the index was built from; `StoredFeatures` refuses
 another one. `fresh_features` computes the same records on the fly (for an index built
@@ -29,14 +32,16 @@ from rich.progress import Progress
 from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
 from tscale.fileio import sha256_file
+from tscale.index.distribution import DISTRIBUTIONS, FeatureLookup
 from tscale.index.lookup import DEFAULT_MAX_SUPPORT, INDEX_FORMAT, INDEX_VERSION, Index
 from tscale.manifest import MANIFEST, load_manifest
 
 FEATURES_VERSION = 2
-FEATURE_MAX_LEN = 64  # the default cap on a lookup's match length (index.max_len, --features-max-len)
+# the default cap on a lookup's match length (index.max_len, --features-max-len)
+FEATURE_MAX_LEN = FeatureLookup._field_defaults["max_len"]
 MAX_FEATURE_LEN = 255  # the len field is one byte
 FEATURE_MAX_SUPPORT = DEFAULT_MAX_SUPPORT
-DEFAULT_TOPK = 4
+DEFAULT_TOPK = FeatureLookup._field_defaults["topk"]
 MAX_TOPK = 64
 BATCH_TOKENS = 1 << 22
 COUNT_MAX = (1 << 32) - 1
@@ -61,30 +66,27 @@ def pack(lens: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, dtype: np.dtype, no
 
 
 def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progress | None = None,
-                   topk: int = DEFAULT_TOPK, splits: tuple[str, ...] = ("train", "val"),
-                   max_len: int = FEATURE_MAX_LEN) -> dict:
+                   lookup: FeatureLookup = FeatureLookup(), splits: tuple[str, ...] = ("train", "val")) -> dict:
     """Write features for every shard of `splits` of `folder` into `out`; return {"files": [...], "record": {...}}."""
-    if not 1 <= topk <= MAX_TOPK:
-        raise UserError(f"--features-topk {topk}: must be between 1 and {MAX_TOPK}")
-    check_max_len(max_len, "--features-max-len")
+    check_lookup(lookup)
     index.check_tokens(folder)
     own = index.doc_ranges()
-    dtype = feature_dtype(folder.dtype, topk)
+    dtype = feature_dtype(folder.dtype, lookup.topk)
     files = []
     task = progress.add_task("writing features", total=sum(folder.num_tokens(s) for s in splits)) if progress else None
     for split in splits:
         for k, (name, shard) in enumerate(zip(folder.manifest["splits"][split]["shards"], folder.shards(split))):
             rec = np.zeros(len(shard.tokens), dtype=dtype)
             for s, e, excl in doc_batches(shard, k, own if split == "train" else None):
-                looked = index.lookup(shard.tokens[s:e], excl, max_len=max_len, topk=topk,
-                                      max_support=FEATURE_MAX_SUPPORT)
+                looked = lookup(index, shard.tokens[s:e], excl)
                 rec[s:e] = pack(*looked, dtype, index.vocab_size)
                 if progress:
                     progress.advance(task, e - s)
             rec.tofile(out / feature_name(name))
             files.append(feature_name(name))
-    record = {"version": FEATURES_VERSION, "topk": topk, "max_len": max_len, "max_support": FEATURE_MAX_SUPPORT,
-              "dtype": [list(f) for f in dtype.descr], "record_bytes": dtype.itemsize, "none_token": index.vocab_size,
+    record = {"version": FEATURES_VERSION, "topk": lookup.topk, "max_len": lookup.max_len,
+              "max_support": lookup.max_support, **lookup.record(), "dtype": [list(f) for f in dtype.descr],
+              "record_bytes": dtype.itemsize, "none_token": index.vocab_size,
               "leave_one_out": "train tokens ignore occurrences overlapping their own document"}
     return {"files": files, "record": record}
 
@@ -111,14 +113,22 @@ def check_max_len(max_len: int, what: str) -> None:
         raise UserError(f"{what} {max_len}: must be between 1 and {MAX_FEATURE_LEN}")
 
 
-def fresh_features(index: Index, shard: Shard, topk: int, limit: int | None = None,
-                   max_len: int = FEATURE_MAX_LEN) -> np.ndarray:
+def check_lookup(lookup: FeatureLookup) -> None:
+    """One-line errors for the build-index options a FeatureLookup comes from."""
+    if not 1 <= lookup.topk <= MAX_TOPK:
+        raise UserError(f"--features-topk {lookup.topk}: must be between 1 and {MAX_TOPK}")
+    check_max_len(lookup.max_len, "--features-max-len")
+    if lookup.distribution not in DISTRIBUTIONS:
+        raise UserError(f"--features-distribution {lookup.distribution}: must be one of {', '.join(DISTRIBUTIONS)}")
+
+
+def fresh_features(index: Index, shard: Shard, lookup: FeatureLookup, limit: int | None = None) -> np.ndarray:
     """Records of a shard without exclusion (validation), looked up now; only the first `limit` tokens are filled."""
-    dtype = feature_dtype(shard.tokens.dtype, topk)
+    dtype = feature_dtype(shard.tokens.dtype, lookup.topk)
     rec = np.zeros(len(shard.tokens), dtype=dtype)
     rec["next"] = index.vocab_size
     for s, e, _ in doc_batches(shard, 0, None, limit):
-        looked = index.lookup(shard.tokens[s:e], None, max_len=max_len, topk=topk, max_support=FEATURE_MAX_SUPPORT)
+        looked = lookup(index, shard.tokens[s:e])
         rec[s:e] = pack(*looked, dtype, index.vocab_size)
     return rec
 
@@ -129,6 +139,11 @@ def unpack(rec: np.ndarray, topk: int, none_token: int) -> tuple[np.ndarray, np.
     cnt = rec["count"][..., :topk].astype(np.int64)
     nxt[(nxt == none_token) | (cnt == 0)] = -1
     return rec["len"].astype(np.int64), nxt, cnt
+
+
+def stored_distribution(record: dict) -> str:
+    """The distribution a features record holds (records written before the key existed hold counts)."""
+    return record.get("distribution", "counts")
 
 
 def tokens_match(manifest: dict, folder: TokenFolder) -> bool:
@@ -144,7 +159,8 @@ def same_tokens(identity: dict, folder: TokenFolder) -> bool:
 class StoredFeatures:
     """The features an index folder holds for its own token folder, memory-mapped per split and shard."""
 
-    def __init__(self, index_path: str | Path, folder: TokenFolder, topk: int, max_len: int = FEATURE_MAX_LEN):
+    def __init__(self, index_path: str | Path, folder: TokenFolder, topk: int, max_len: int = FEATURE_MAX_LEN,
+                 distribution: str = "counts"):
         self.path = Path(index_path)
         m = load_manifest(self.path, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
         where = self.path / MANIFEST
@@ -165,6 +181,11 @@ class StoredFeatures:
         if built != max_len:
             raise UserError(f"index.max_len {max_len}: the features in {self.path} were looked up with matches capped at "
                             f"{built} tokens; set index.max_len = {built} or rebuild with --features-max-len {max_len}")
+        made = stored_distribution(record)
+        if made != distribution:
+            raise UserError(f"index.distribution {distribution!r}: the features in {self.path} hold the {made!r} "
+                            f"distribution; set index.distribution = {made!r} or rebuild with "
+                            f"--features-distribution {distribution}")
         self.record, self.topk = record, topk
         self.none_token: int = record["none_token"]
         self.dtype = feature_dtype(folder.dtype, record["topk"])

@@ -22,6 +22,7 @@ from rich.progress import Progress
 from tscale.data.shards import TokenFolder
 from tscale.index import features as feats
 from tscale.index.decontaminate import docs_sharing_ngrams
+from tscale.index.distribution import FeatureLookup
 from tscale.index.lookup import INDEX_FORMAT, INDEX_VERSION, Index
 from tscale.manifest import write_manifest
 
@@ -63,8 +64,8 @@ def fold_dropped(folder: TokenFolder, fold_of: list[np.ndarray], k: int, span: i
     return [m | s for m, s in zip(mine, shared)]
 
 
-def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, topk: int, progress: Progress | None,
-                        build: Callable[[list[np.ndarray], Path], dict], max_len: int = feats.FEATURE_MAX_LEN) -> dict:
+def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, lookup: FeatureLookup,
+                        progress: Progress | None, build: Callable[[list[np.ndarray], Path], dict]) -> dict:
     """Write the train features of `folder` into `out`, fold by fold; the record of how (with "files").
 
     build(dropped, dest) writes an index of the train documents not dropped into dest and
@@ -72,7 +73,7 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, t
     fold, so every record is written once. folds (2..MAX_FOLDS) and span (>= 1) are checked by
     the caller (tscale.index.build.build_index).
     """
-    dtype = feats.feature_dtype(folder.dtype, topk)
+    dtype = feats.feature_dtype(folder.dtype, lookup.topk)
     names = folder.manifest["splits"]["train"]["shards"]
     outputs = [np.memmap(out / feats.feature_name(n), dtype=dtype, mode="w+", shape=(len(s.tokens),))
                for n, s in zip(names, folder.shards("train"))]
@@ -90,7 +91,7 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, t
             sizes.append({"fold": k, "index_tokens": fields["num_tokens"], "index_docs": fields["num_docs"],
                           "fold_docs": int(sum(int((f == k).sum()) for f in fold_of))})
             for rec, shard, f in zip(outputs, folder.shards("train"), fold_of):
-                done = _look_up_fold(index, shard, f == k, rec, dtype, folder.vocab_size, topk, max_len)
+                done = _look_up_fold(index, shard, f == k, rec, dtype, folder.vocab_size, lookup)
                 if progress:
                     progress.advance(task, done)
             del index
@@ -103,7 +104,7 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, t
 
 
 def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype: np.dtype, vocab_size: int,
-                  topk: int, max_len: int) -> int:
+                  lookup: FeatureLookup) -> int:
     """Fill rec at the tokens of the documents `mine` of `shard` with their lookups in `index`; tokens done."""
     starts, ends = shard.docs[:, 0].astype(np.int64), shard.doc_ends.astype(np.int64)
     idx = np.flatnonzero(mine)
@@ -113,8 +114,7 @@ def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype:
     while d0 < len(idx):  # batches of whole documents: contexts restart after each document's eos
         d1 = max(d0 + 1, int(np.searchsorted(ends, starts[d0] + feats.BATCH_TOKENS, side="right")))
         pos = _positions(starts[d0:d1], ends[d0:d1])
-        looked = index.lookup(np.asarray(shard.tokens)[pos], None, max_len=max_len, topk=topk,
-                              max_support=feats.FEATURE_MAX_SUPPORT)
+        looked = lookup(index, np.asarray(shard.tokens)[pos])
         rec[pos] = feats.pack(*looked, dtype, vocab_size)
         done += len(pos)
         d0 = d1

@@ -10,7 +10,9 @@ added to the token embedding.
 
 IndexMixer: p = (1 - g) p_model + g p_index in probability space, as log-probs (by default
 the mixture's loss trains only the gate, the network keeps its own next-token loss). p_index
-is add-delta smoothed top-K counts: (count(v) + delta) / (sum of counts + delta * V). The gate
+is add-delta smoothed top-K counts: (count(v) + delta) / (sum of counts + delta * V); with the
+backoff distribution (tscale/index/distribution.py) the K entries are probabilities in units of
+1 / WEIGHT_SCALE and the mass they leave is spread evenly over the other V - K tokens. The gate
 is exactly 0 where the index has no match; elsewhere g = sigmoid(z) with the logit a sum of
 cheap terms:
 
@@ -40,6 +42,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tscale.index.distribution import WEIGHT_SCALE
 
 BUCKET_EDGES = (1, 4, 8, 16, 32)  # bucket b holds lengths in [edge[b - 1], edge[b]): 0, 1-3, 4-7, 8-15, 16-31, >=32
 NUM_BUCKETS = len(BUCKET_EDGES) + 1
@@ -118,19 +122,34 @@ def _valid_counts(next_tokens: torch.Tensor, counts: torch.Tensor, vocab_size: i
     return ids, c
 
 
-def index_log_probs(next_tokens: torch.Tensor, counts: torch.Tensor, vocab_size: int, delta: float) -> torch.Tensor:
-    """(B, T, K) top-k tokens and counts -> (B, T, V) add-delta smoothed log-probabilities."""
+def _log_rest(next_tokens: torch.Tensor, weights: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Backoff (B, T, K) tokens and weights -> (B, T) log-probability of each token not listed: the mass the
+    listed ones leave, in integers (it can be a few units of 2^30), spread over the other tokens."""
+    valid = (next_tokens >= 0) & (next_tokens < vocab_size) & (weights > 0)  # (B, T, K)
+    listed = torch.where(valid, weights, torch.zeros_like(weights)).long().sum(-1)  # (B, T)
+    rest = (WEIGHT_SCALE - listed).clamp(min=1).double() / WEIGHT_SCALE  # (B, T)
+    return (torch.log(rest) - torch.log((vocab_size - valid.sum(-1)).clamp(min=1).double())).float()
+
+
+def index_log_probs(next_tokens: torch.Tensor, counts: torch.Tensor, vocab_size: int, delta: float,
+                    distribution: str = "counts") -> torch.Tensor:
+    """(B, T, K) top-k tokens and counts (or backoff weights) -> (B, T, V) log-probabilities."""
     ids, c = _valid_counts(next_tokens, counts, vocab_size)
     dense = torch.zeros(*ids.shape[:-1], vocab_size, device=ids.device).scatter_add_(-1, ids, c)  # (B, T, V)
+    if distribution == "backoff":
+        rest = _log_rest(next_tokens, counts, vocab_size).unsqueeze(-1)  # (B, T, 1)
+        return torch.where(dense > 0, torch.log(dense / WEIGHT_SCALE), rest)
     total = c.sum(-1, keepdim=True)  # (B, T, 1)
     return torch.log(dense + delta) - torch.log(total + delta * vocab_size)
 
 
 def index_target_log_probs(next_tokens: torch.Tensor, counts: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                           delta: float) -> torch.Tensor:
-    """The same smoothed log-probability, of the targets (B, T) only -> (B, T)."""
+                           delta: float, distribution: str = "counts") -> torch.Tensor:
+    """The same log-probability, of the targets (B, T) only -> (B, T)."""
     ids, c = _valid_counts(next_tokens, counts, vocab_size)
     hit = (c * (ids == targets.unsqueeze(-1))).sum(-1)  # (B, T)
+    if distribution == "backoff":
+        return torch.where(hit > 0, torch.log(hit / WEIGHT_SCALE), _log_rest(next_tokens, counts, vocab_size))
     return torch.log(hit + delta) - torch.log(c.sum(-1) + delta * vocab_size)
 
 
@@ -173,10 +192,11 @@ class IndexMixer(nn.Module):
     """Gate between the model's and the index's next-token distributions; returns mixed log-probs."""
 
     def __init__(self, dim: int, vocab_size: int, delta: float = 1e-5, init_bias: float = -2.0, joint: bool = False,
-                 gate_stats: bool = False):
+                 gate_stats: bool = False, distribution: str = "counts"):
         super().__init__()
         self.vocab_size = vocab_size
         self.delta = delta
+        self.distribution = distribution
         self.joint = joint
         self.gate_stats = gate_stats
         self.gate_weight = nn.Parameter(torch.zeros(dim))
@@ -220,7 +240,7 @@ class IndexMixer(nn.Module):
                 counts: torch.Tensor) -> torch.Tensor:
         """Mixed log-probs (B, T, V); they are normalised, so they serve as logits anywhere."""
         model = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-        index = index_log_probs(next_tokens, counts, self.vocab_size, self.delta)  # (B, T, V)
+        index = index_log_probs(next_tokens, counts, self.vocab_size, self.delta, self.distribution)  # (B, T, V)
         top = top_logp = None
         if self.gate_stats:
             top = index_top(next_tokens, counts, self.vocab_size)
@@ -240,7 +260,8 @@ class IndexMixer(nn.Module):
         """
         B, T, V = logits.shape
         model = -F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
-        index = index_target_log_probs(next_tokens, counts, targets, self.vocab_size, self.delta)  # (B, T)
+        index = index_target_log_probs(next_tokens, counts, targets, self.vocab_size, self.delta,
+                                       self.distribution)  # (B, T)
         top = top_logp = None
         if self.gate_stats:
             top = index_top(next_tokens, counts, self.vocab_size)

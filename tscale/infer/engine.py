@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
@@ -28,7 +29,8 @@ from tokenizers import Tokenizer
 from tscale.data.tokenizer import EOS, decode, eos_id, load_tokenizer
 from tscale.errors import UserError
 from tscale.fileio import sha256_file
-from tscale.index.features import FEATURE_MAX_LEN, FEATURE_MAX_SUPPORT
+from tscale.index.distribution import FeatureLookup
+from tscale.index.features import FEATURE_MAX_SUPPORT
 from tscale.index.lookup import Index
 from tscale.index.mixing import IndexFeatures
 from tscale.infer.draft import DraftStats, IndexDrafter, accept
@@ -71,14 +73,13 @@ class Completion:
 class IndexLookups:
     """Lookups of a growing token sequence in an index, as the IndexFeatures a model takes."""
 
-    def __init__(self, index: Index, topk: int, device: torch.device, max_len: int = FEATURE_MAX_LEN):
-        self.index, self.topk, self.device, self.max_len = index, topk, device, max_len
+    def __init__(self, index: Index, lookup: FeatureLookup, device: torch.device):
+        self.index, self.lookup, self.device = index, lookup, device
 
     def last(self, ids: list[int], n: int) -> IndexFeatures:
         """Features (1, n[, K]) of the last n positions of `ids`."""
-        ctx = ids[-(n + self.max_len - 1):]
-        lens, nxt, cnt = self.index.lookup(ctx, None, max_len=self.max_len, topk=self.topk,
-                                           max_support=FEATURE_MAX_SUPPORT)
+        ctx = np.asarray(ids[-(n + self.lookup.max_len - 1):], dtype=np.int64)
+        lens, nxt, cnt = self.lookup(self.index, ctx)
         parts = (lens[-n:].astype("int64"), nxt[-n:], cnt[-n:])  # (n,), (n, K), (n, K)
         return IndexFeatures(*(torch.from_numpy(a).unsqueeze(0) for a in parts)).to(self.device)
 
@@ -145,8 +146,11 @@ class Engine:
                                    draft_min_match, draft_dominance)
         model, ckpt = load_model(path, device)
         quantize_for_inference(model, precision)
-        lookups = (IndexLookups(opened, ckpt.index_cfg.topk, torch.device(device), ckpt.index_cfg.max_len)
-                   if opened is not None else None)
+        lookups = None
+        if opened is not None:
+            c = ckpt.index_cfg
+            lookups = IndexLookups(opened, FeatureLookup(c.topk, c.max_len, c.distribution, FEATURE_MAX_SUPPORT),
+                                   torch.device(device))
         return cls(model, load_tokenizer(ckpt.tokenizer_path), device, lookups, drafter)
 
     def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:

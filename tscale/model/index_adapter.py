@@ -18,8 +18,8 @@ class IndexAdapter(nn.Module):
     def __init__(self, vocab_size: int, dim: int, cfg: IndexConfig):
         super().__init__()
         self.inputs = IndexInputs(vocab_size, dim) if cfg.inputs else None
-        self.mixer = (IndexMixer(dim, vocab_size, cfg.delta, joint=cfg.mixer_joint, gate_stats=cfg.gate_stats)
-                      if cfg.mixer else None)
+        self.mixer = (IndexMixer(dim, vocab_size, cfg.delta, joint=cfg.mixer_joint, gate_stats=cfg.gate_stats,
+                                 distribution=cfg.distribution) if cfg.mixer else None)
         if self.inputs is not None:
             nn.init.zeros_(self.inputs.next_token.weight)
 

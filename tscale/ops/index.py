@@ -4,6 +4,8 @@ suffix_array(tokens (n,) uint16|uint32) -> (n,) uint32: suffix starts in lexicog
 lookup_tables(text, sa, vocab_size) -> LookupTables: first-token and token-pair ranges of the suffix array
 index_lookup(text, sa, tables, query, excl, eos, max_len, topk, max_support)
     -> len (N,) int32, next (N, topk) int64, count (N, topk) int64; see csrc/index/lookup.cpp
+index_backoff(lens (C, N), next (C, N, k), count (C, N, k), vocab, topk, scale)
+    -> next (N, topk) int64, weight (N, topk) int64: Witten-Bell over C capped lookups; see csrc/index/backoff.cpp
 ngram_hashes(tokens, starts, n) -> int64 hashes of the n-grams inside each document
 docs_with_ngrams(tokens, starts, n, sorted_hashes) -> bool (D,)
 
@@ -145,6 +147,48 @@ def index_lookup(text, sa, tables: LookupTables, query, excl, eos: int, max_len:
     out = torch.ops.tscale.index_lookup(
         _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start),
         torch.from_numpy(query), torch.from_numpy(excl), eos, max_len, topk, max_support)
+    return tuple(t.numpy() for t in out)
+
+
+# ---- backoff over capped lookups ----------------------------------------------------------
+
+def index_backoff_reference(lens, nxt, cnt, vocab: int, topk: int, scale: int) -> tuple[np.ndarray, np.ndarray]:
+    """Position by position, the sums of csrc/index/backoff.cpp in the same order (levels longest cap first)."""
+    levels, n, k = nxt.shape
+    out_next = np.full((n, topk), -1, dtype=np.int64)
+    out_weight = np.zeros((n, topk), dtype=np.int64)
+    for i in range(n):
+        taken, seen = [], 0
+        for c in range(levels - 1, -1, -1):
+            valid = [(int(t), int(w)) for t, w in zip(nxt[c, i], cnt[c, i]) if 0 <= t < vocab and w > 0]
+            if lens[c, i] > seen and valid:
+                taken.append((c, valid))
+                seen = int(lens[c, i])
+        mult, dense = 1.0, {}
+        for c, valid in reversed(taken):
+            total = float(sum(w for _, w in valid))
+            coef = mult / (total + len(valid))
+            for t, w in valid:
+                dense[t] = dense.get(t, 0.0) + coef * float(w)
+            mult *= len(valid) / (total + len(valid))
+        uniform = mult / vocab
+        order = sorted(dense, key=lambda t: (-dense[t], t))[:topk]
+        weights = [int(np.floor((dense[t] + uniform) * float(scale))) for t in order]
+        kept = [(t, w) for t, w in zip(order, weights) if w >= 1]
+        for j, (t, w) in enumerate(kept):
+            out_next[i, j], out_weight[i, j] = t, w
+    return out_next, out_weight
+
+
+def index_backoff(lens: np.ndarray, nxt: np.ndarray, cnt: np.ndarray, vocab: int, topk: int,
+                  scale: int) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.ascontiguousarray(lens, dtype=np.int32)
+    nxt = np.ascontiguousarray(nxt, dtype=np.int64)
+    cnt = np.ascontiguousarray(cnt, dtype=np.int64)
+    if not kernels_available():
+        return index_backoff_reference(lens, nxt, cnt, vocab, topk, scale)
+    out = torch.ops.tscale.index_backoff(torch.from_numpy(lens), torch.from_numpy(nxt), torch.from_numpy(cnt),
+                                         vocab, topk, scale)
     return tuple(t.numpy() for t in out)
 
 

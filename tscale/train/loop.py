@@ -107,7 +107,7 @@ def open_features(cfg: RunConfig, folder: TokenFolder) -> tuple[WindowFeatures, 
     """The index's (train, val) feature records for the run's token folder, or None without an index."""
     if not cfg.index.enabled:
         return None
-    stored = StoredFeatures(cfg.index.path, folder, cfg.index.topk, cfg.index.max_len)
+    stored = StoredFeatures(cfg.index.path, folder, cfg.index.topk, cfg.index.max_len, cfg.index.distribution)
     return tuple(WindowFeatures(stored.shards(split), cfg.index.topk, stored.none_token) for split in ("train", "val"))
 
 
