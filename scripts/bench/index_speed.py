@@ -22,12 +22,13 @@ from common import REPO, merge_metrics  # noqa: E402
 
 from tscale.data.shards import TokenFolder  # noqa: E402
 from tscale.index import Index, build_index  # noqa: E402
+from tscale.index.distribution import FeatureLookup  # noqa: E402
 from tscale.index.features import doc_batches  # noqa: E402
 
 
-def lookup_rate(index: Index, tokens: np.ndarray, excl, topk: int) -> float:
+def lookup_rate(index: Index, tokens: np.ndarray, excl, lookup: FeatureLookup) -> float:
     t0 = time.perf_counter()
-    index.lookup(tokens, excl, topk=topk)
+    lookup(index, tokens, excl)
     return len(tokens) / (time.perf_counter() - t0)
 
 
@@ -54,10 +55,11 @@ def main() -> None:
     s, e, excl = next(doc_batches(folder.shards("train")[0], 0, own))
     n = min(e - s, args.lookup_tokens)
     train = np.asarray(folder.shards("train")[0].tokens[s:s + n])
-    val_rates, train_rates = [], []
+    val_rates, train_rates, backoff_rates = [], [], []
     for _ in range(args.repeats):  # interleaved: a shared machine's load shifts between runs
-        val_rates.append(lookup_rate(index, val, None, 4))
-        train_rates.append(lookup_rate(index, train, excl[:n], 1))
+        val_rates.append(lookup_rate(index, val, None, FeatureLookup(4)))
+        train_rates.append(lookup_rate(index, train, excl[:n], FeatureLookup(1)))
+        backoff_rates.append(lookup_rate(index, val, None, FeatureLookup(4, distribution="backoff")))
     val_rate, train_rate = float(np.median(val_rates)), float(np.median(train_rates))
     lens = index.lookup(val, topk=1)[0]
     workers = m["build"].get("workers", 1)
@@ -68,6 +70,7 @@ def main() -> None:
         "lookup_train_leave_one_out_tokens_per_s_per_core": round(train_rate / cores, 0),
         "lookup_tokens_per_s_per_core_min": round(min(val_rates) / cores, 0),
         "lookup_tokens_per_s_per_core_max": round(max(val_rates) / cores, 0),
+        "lookup_backoff_tokens_per_s_per_core": round(float(np.median(backoff_rates)) / cores, 0),
         "lookup_table_seconds": round(tables_s, 3),
         "bytes_per_token": m["bytes_per_token"],
         "index_tokens": m["num_tokens"],
@@ -79,7 +82,9 @@ def main() -> None:
              f"thread, {workers} shard(s) at once, so build_tokens_per_s_per_core = index tokens / (sort-phase seconds x "
              "shards sorted at once); build_stage_* is the whole stage (reading, SA, writing) per core. Lookup: "
              f"validation tokens streamed with max_len 64, top-4, max_support 64, all cores, median of {args.repeats} runs "
-             "(min/max given); the train figure is leave-one-out, top-1 (the --features path). "
+             "(min/max given); the train figure is leave-one-out, top-1 (the --features path); the backoff figure is "
+             "the same validation tokens' features of the backoff distribution (seven capped lookups of 16 next tokens "
+             "each, combined; tscale/index/distribution.py). "
              "lookup_table_seconds: first lookup, which builds the token-pair table. bytes_per_token: 2 (uint16 "
              "tokens) + 4 (uint32 SA) + the document table on disk; the pair table (8 bytes per distinct token pair) "
              "is built in memory on open.")

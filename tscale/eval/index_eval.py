@@ -2,8 +2,9 @@
 
 For each `--index DIR`, every val token gets the index's lookup of the context before it:
 from the index's stored features when the index was built (with --features) from exactly
-this token folder with the same match cap, otherwise looked up now with Index.lookup (matches
-capped at the model's index.max_len, or --index-max-len for a model without the index; contexts
+this token folder with the same match cap and distribution, otherwise looked up now (matches
+capped at the model's index.max_len, or --index-max-len for a model without the index; the
+model's index.distribution, tscale/index/distribution.py; contexts
 restart after eos; no exclusion, since validation documents are never in an index). A model
 trained with the index is fed these lookups; any model's loss is broken down by the match-length
 bucket of the context (0, 1-3, 4-7, 8-15, 16-31, >=32), so a raw and a decontaminated index can
@@ -48,8 +49,8 @@ def val_features(index_path: str | Path, folder: TokenFolder, topk: int, max_tok
         how = "stored features"
     else:
         records, left = [], max_tokens
+        lookup = FeatureLookup(topk, max_len, distribution, FEATURE_MAX_SUPPORT)
         for shard in folder.shards("val"):
-            lookup = FeatureLookup(topk, max_len, distribution, FEATURE_MAX_SUPPORT)
             records.append(fresh_features(index, shard, lookup, None if left is None else left + 1))
             left = None if left is None else max(0, left - (len(shard.tokens) - 1))
         how = "looked up now"
