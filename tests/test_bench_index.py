@@ -23,6 +23,8 @@ def test_variant_items_and_feature_source():
     assert index_quality.feature_source(index_quality.parse_variant("m=index.mixer=true")[1]) == ("loo", ["index.mixer=true"])
     backoff = index_quality.parse_variant("b=features=backoff,index.mixer=true")[1]
     assert index_quality.feature_source(backoff) == ("backoff", ["index.mixer=true", 'index.distribution="backoff"'])
+    assert index_quality.stored_topk([backoff]) == 4
+    assert index_quality.stored_topk([backoff, ["index.mixer=true", "index.topk=16"]]) == 16
     with pytest.raises(argparse.ArgumentTypeError, match="features=kfold"):
         index_quality.parse_variant("x=features=kfold,index.mixer=true")
     with pytest.raises(argparse.ArgumentTypeError, match="NAME not 'base'"):

@@ -14,8 +14,9 @@ GPT-2 BPE, made by `tscale tokenize`), it runs the real stages as subprocesses:
    indexes decontaminated against their fold at the first N (`tscale build-index --features
    --features-folds K`, K = --features-folds, default 4; the index itself is the raw one).
    A variant with the item `features=backoff` trains on the raw index's features of the
-   backoff distribution (`--features-distribution backoff`, and index.distribution = "backoff"
-   for the model: tscale/index/distribution.py), and is evaluated with it;
+   backoff distribution (`--features-distribution backoff`, as many next tokens as the backoff
+   variants' largest index.topk; index.distribution = "backoff" for the model:
+   tscale/index/distribution.py), and is evaluated with it;
 4. `tscale eval --index RAW --index DEC...` of every model on every validation token.
 
 ppl_reduction_X = 1 - ppl(model with index, lookups in index X) / ppl(model without index).
@@ -177,6 +178,11 @@ def feature_source(sets: list[str]) -> tuple[str, list[str]]:
     return source, rest + (['index.distribution="backoff"'] if source == "backoff" else [])
 
 
+def stored_topk(variant_sets: list[list[str]], default: int = 4) -> int:
+    """The most next tokens any of these variants reads (their index.topk items), for the features they share."""
+    return max([default, *(int(s.partition("=")[2]) for sets in variant_sets for s in sets if s.startswith("index.topk="))])
+
+
 def quality_metrics(base: dict, idx: dict, names: list[str]) -> dict:
     """ppl reductions overall, below 16 and per bucket, and bucket shares, for each index name (in eval order)."""
     m = {"quality_ppl_without_index": round(base["perplexity"], 4), "quality_val_tokens": base["val_tokens"]}
@@ -261,8 +267,10 @@ def main() -> None:
         build(tokens, feature_index["folds"], log, ["--features", *cap_build, "--features-folds", args.features_folds,
                                                     "--features-span", args.decontaminate[0],
                                                     "--max-memory-gb", args.max_memory_gb])
-    if any(src == "backoff" for src, _ in sources.values()):
+    backoff_sets = [sets for src, sets in sources.values() if src == "backoff"]
+    if backoff_sets:
         build(tokens, feature_index["backoff"], log, ["--features", *cap_build, "--features-distribution", "backoff",
+                                                      "--features-topk", stored_topk(backoff_sets),
                                                       "--max-memory-gb", args.max_memory_gb])
     index_s = time.perf_counter() - t_index
 
