@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+import index_distribution_check  # noqa: E402
 import index_quality  # noqa: E402
 
 from tscale.data.tokenize import is_validation, tokenize_corpus  # noqa: E402
@@ -145,3 +146,14 @@ def test_lookup_stats_compare_caps_on_the_same_positions(tmp_path):
     reused = stats.lookup_stats(index, tokens, sources, folder.manifest["sources"], 64, at64,
                                 stats.timed_lookup(index, tokens, 64))  # the buckets' own lookup, made once
     assert {k: v for k, v in reused.items() if k != "lookup_s"} == {k: v for k, v in full.items() if k != "lookup_s"}
+
+
+def test_distribution_check_metrics_are_the_eval_records_perplexities():
+    result = {"without_index": {"perplexity": 100.0}, "indexes": [{"perplexity": 50.0}, {"perplexity": 80.0}]}
+    m = index_distribution_check.variant_metrics("backoff16", result)
+    p = "cpu_check_distribution_backoff16_"
+    assert (m[p + "ppl_raw"], m[p + "ppl_decontaminated"], m[p + "ppl_network_alone"]) == (50.0, 80.0, 100.0)
+    assert m[p + "ppl_reduction_raw"] == 0.5 and m[p + "ppl_reduction_decontaminated"] == 0.2
+    assert m[p + "nats_saved_raw"] == round(np.log(2.0), 4) and m[p + "nats_saved_decontaminated"] == round(np.log(1.25), 4)
+    assert index_distribution_check.feature_args("backoff", 16) == ["--features", "--features-distribution", "backoff",
+                                                                     "--features-topk", 16]
