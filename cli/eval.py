@@ -92,7 +92,8 @@ def _print_buckets(e: dict, fed: bool) -> None:
         title = (f"lookups switched off (the network alone), in the buckets of index {e['index']} ({what}): "
                  f"loss {e['val_loss']:.4f}, perplexity {e['perplexity']:.2f}")
     else:
-        title = (f"against index {e['index']} ({what}, {e['lookups']}): loss {e['val_loss']:.4f}, perplexity "
+        how = e["lookups"] + (", backoff distribution" if fed and e.get("distribution") == "backoff" else "")
+        title = (f"against index {e['index']} ({what}, {how}): loss {e['val_loss']:.4f}, perplexity "
                  f"{e['perplexity']:.2f}{'' if fed else ' (the model does not use the index)'}")
     table = Table(title=title)
     for col in ("match length", "tokens", "share", "loss", "perplexity"):

@@ -445,7 +445,11 @@ def test_backoff_distribution_trains_evaluates_and_generates(world, tmp_path):
     assert (stored["lookups"], fresh["lookups"]) == ("stored features", "looked up now")
     assert stored["distribution"] == fresh["distribution"] == "backoff"
     assert fresh["val_loss"] == pytest.approx(stored["val_loss"], rel=1e-6)
-    hidden = evaluate_checkpoint(tmp_path / "run", tokens, indexes=[backoff])["without_index"]
+    result = CliRunner().invoke(main, ["eval", str(tmp_path / "run"), "--tokens", str(tokens), "--index", str(backoff),
+                                       "--out", str(tmp_path / "eval.json"), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "stored features, backoff distribution" in " ".join(result.output.split())
+    hidden = json.loads((tmp_path / "eval.json").read_text())["without_index"]
     assert hidden["val_loss"] != pytest.approx(stored["val_loss"], rel=1e-4)  # the mixture changes the loss
 
     engine = Engine.from_checkpoint(tmp_path / "run", "cpu", index=plain)
