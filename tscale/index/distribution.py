@@ -19,14 +19,13 @@ Two distributions, chosen by index.distribution and recorded with the features:
 The match length a model sees (its buckets, the gate's length terms) is the longest match's in both.
 """
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from tscale.index.lookup import DEFAULT_MAX_SUPPORT, Index
 from tscale.ops import index as ops
 
-Distribution = Literal["counts", "backoff"]
 DISTRIBUTIONS: tuple[str, ...] = ("counts", "backoff")
 BACKOFF_CAPS = (32, 16, 8, 4, 2, 1)  # the shorter contexts, below the features' max_len
 LEVEL_TOPK = 16  # next tokens looked up per backoff level
