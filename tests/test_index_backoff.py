@@ -173,3 +173,15 @@ def test_backoff_features_on_disk_and_their_errors(repetitive_folder, tmp_path):
         build_index(repetitive_folder, tmp_path / "x", features_distribution="backoff", quiet=True)
     with pytest.raises(UserError, match="--features-distribution kneser: must be one of counts, backoff"):
         build_index(repetitive_folder, tmp_path / "y", features=True, features_distribution="kneser", quiet=True)
+
+
+def test_backoff_log_probs_stay_finite_at_the_edges():
+    """All the mass on the listed tokens (the rest floored at one unit), and no match at all (uniform)."""
+    vocab = 10
+    nxt = torch.tensor([[[3, 5], [-1, -1]]])  # (1, 2, 2): a position listing two tokens, one listing none
+    w = torch.tensor([[[WEIGHT_SCALE - 5, 5], [0, 0]]])
+    logp = index_log_probs(nxt, w, vocab, 1e-5, "backoff")  # (1, 2, V)
+    assert torch.isfinite(logp).all()
+    assert logp[0, 0, 3].exp().item() == pytest.approx(1 - 5 / WEIGHT_SCALE, abs=1e-7)
+    assert logp[0, 0, 0].exp().item() == pytest.approx(1 / WEIGHT_SCALE / (vocab - 2), rel=1e-3)  # the one unit left
+    assert torch.allclose(logp[0, 1].exp(), torch.full((vocab,), 1 / vocab))
