@@ -185,3 +185,21 @@ def test_backoff_log_probs_stay_finite_at_the_edges():
     assert logp[0, 0, 3].exp().item() == pytest.approx(1 - 5 / WEIGHT_SCALE, abs=1e-7)
     assert logp[0, 0, 0].exp().item() == pytest.approx(1 / WEIGHT_SCALE / (vocab - 2), rel=1e-3)  # the one unit left
     assert torch.allclose(logp[0, 1].exp(), torch.full((vocab,), 1 / vocab))
+
+
+@needs_kernels
+def test_fold_features_hold_the_backoff_distribution(repetitive_folder, tmp_path):
+    """--features-folds with the backoff: the training records are distributions (weights below 2^30 in all, most
+    probable first) looked up in the other fold's index, and the record says which distribution."""
+    m = build_index(repetitive_folder, tmp_path / "index", features=True, features_folds=2, features_span=40,
+                    features_distribution="backoff", quiet=True)  # no document is 40 tokens long: folds keep the rest
+    assert m["features"]["distribution"] == "backoff" and m["features"]["train_lookups"]["folds"] == 2
+    assert all(f["index_tokens"] > 0 for f in m["features"]["train_lookups"]["per_fold"])
+    folder = TokenFolder(repetitive_folder)
+    train = np.concatenate(StoredFeatures(tmp_path / "index", folder, 4, distribution="backoff").shards("train"))
+    matched = train["len"] > 0
+    assert matched.mean() > 0.5
+    assert (train["count"][matched].astype(np.int64).sum(1) < WEIGHT_SCALE).all()
+    assert (np.diff(train["count"][matched].astype(np.int64), axis=1) <= 0).all()
+    assert (train["count"][matched, 0] >= WEIGHT_SCALE // 40).all()  # the top probability is at least 1 / V: not a count
+    assert (train["count"][~matched] == 0).all()
