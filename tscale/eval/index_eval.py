@@ -21,8 +21,8 @@ from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
 from tscale.index import Index
 from tscale.index.distribution import FeatureLookup
-from tscale.index.features import (FEATURE_MAX_LEN, FEATURE_MAX_SUPPORT, FEATURES_VERSION, StoredFeatures,
-                                   fresh_features, same_tokens, stored_distribution, tokens_match)
+from tscale.index.features import (FEATURE_MAX_LEN, FEATURES_VERSION, StoredFeatures, fresh_features, same_tokens,
+                                   stored_distribution, tokens_match)
 from tscale.index.mixing import BUCKET_EDGES, bucket_labels
 
 SHORT_MATCH = 16  # "below_16": tokens whose context matched fewer than this many tokens
@@ -49,7 +49,7 @@ def val_features(index_path: str | Path, folder: TokenFolder, topk: int, max_tok
         how = "stored features"
     else:
         records, left = [], max_tokens
-        lookup = FeatureLookup(topk, max_len, distribution, FEATURE_MAX_SUPPORT)
+        lookup = FeatureLookup(topk, max_len, distribution)
         for shard in folder.shards("val"):
             records.append(fresh_features(index, shard, lookup, None if left is None else left + 1))
             left = None if left is None else max(0, left - (len(shard.tokens) - 1))

@@ -78,7 +78,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         raise UserError(f"--max-memory-gb {max_memory_gb}: must be positive")
     if decontaminate is not None and decontaminate < 1:
         raise UserError(f"--decontaminate {decontaminate}: the span length must be at least 1 token")
-    lookup = FeatureLookup(features_topk, features_max_len, features_distribution, feats.FEATURE_MAX_SUPPORT)
+    lookup = FeatureLookup(features_topk, features_max_len, features_distribution)
     feats.check_lookup(lookup)
     if features_max_len != feats.FEATURE_MAX_LEN and not features:
         raise UserError(f"--features-max-len {features_max_len}: only with --features (it caps their lookups)")

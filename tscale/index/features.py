@@ -33,14 +33,14 @@ from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
 from tscale.fileio import sha256_file
 from tscale.index.distribution import DISTRIBUTIONS, FeatureLookup
-from tscale.index.lookup import DEFAULT_MAX_SUPPORT, INDEX_FORMAT, INDEX_VERSION, Index
+from tscale.index.lookup import INDEX_FORMAT, INDEX_VERSION, Index
 from tscale.manifest import MANIFEST, load_manifest
 
 FEATURES_VERSION = 2
 # the default cap on a lookup's match length (index.max_len, --features-max-len)
 FEATURE_MAX_LEN = FeatureLookup._field_defaults["max_len"]
 MAX_FEATURE_LEN = 255  # the len field is one byte
-FEATURE_MAX_SUPPORT = DEFAULT_MAX_SUPPORT
+FEATURE_MAX_SUPPORT = FeatureLookup._field_defaults["max_support"]  # ranges counted exactly
 DEFAULT_TOPK = FeatureLookup._field_defaults["topk"]
 MAX_TOPK = 64
 BATCH_TOKENS = 1 << 22

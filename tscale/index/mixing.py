@@ -122,10 +122,10 @@ def _valid_counts(next_tokens: torch.Tensor, counts: torch.Tensor, vocab_size: i
     return ids, c
 
 
-def _log_rest(next_tokens: torch.Tensor, weights: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Backoff (B, T, K) tokens and weights -> (B, T) log-probability of each token not listed: the mass the
-    listed ones leave, in integers (it can be a few units of 2^30), spread over the other tokens."""
-    valid = (next_tokens >= 0) & (next_tokens < vocab_size) & (weights > 0)  # (B, T, K)
+def _log_rest(weights: torch.Tensor, c: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Backoff weights (B, T, K) and _valid_counts' c -> (B, T) log-probability of each token not listed: the mass
+    the listed ones leave, in integers (it can be a few units of 2^30), spread over the other tokens."""
+    valid = c > 0  # (B, T, K): the entries _valid_counts kept
     listed = torch.where(valid, weights, torch.zeros_like(weights)).long().sum(-1)  # (B, T)
     rest = (WEIGHT_SCALE - listed).clamp(min=1).double() / WEIGHT_SCALE  # (B, T)
     return (torch.log(rest) - torch.log((vocab_size - valid.sum(-1)).clamp(min=1).double())).float()
@@ -137,7 +137,7 @@ def index_log_probs(next_tokens: torch.Tensor, counts: torch.Tensor, vocab_size:
     ids, c = _valid_counts(next_tokens, counts, vocab_size)
     dense = torch.zeros(*ids.shape[:-1], vocab_size, device=ids.device).scatter_add_(-1, ids, c)  # (B, T, V)
     if distribution == "backoff":
-        rest = _log_rest(next_tokens, counts, vocab_size).unsqueeze(-1)  # (B, T, 1)
+        rest = _log_rest(counts, c, vocab_size).unsqueeze(-1)  # (B, T, 1)
         return torch.where(dense > 0, torch.log(dense / WEIGHT_SCALE), rest)
     total = c.sum(-1, keepdim=True)  # (B, T, 1)
     return torch.log(dense + delta) - torch.log(total + delta * vocab_size)
@@ -149,7 +149,7 @@ def index_target_log_probs(next_tokens: torch.Tensor, counts: torch.Tensor, targ
     ids, c = _valid_counts(next_tokens, counts, vocab_size)
     hit = (c * (ids == targets.unsqueeze(-1))).sum(-1)  # (B, T)
     if distribution == "backoff":
-        return torch.where(hit > 0, torch.log(hit / WEIGHT_SCALE), _log_rest(next_tokens, counts, vocab_size))
+        return torch.where(hit > 0, torch.log(hit / WEIGHT_SCALE), _log_rest(counts, c, vocab_size))
     return torch.log(hit + delta) - torch.log(c.sum(-1) + delta * vocab_size)
 
 

@@ -30,7 +30,6 @@ from tscale.data.tokenizer import EOS, decode, eos_id, load_tokenizer
 from tscale.errors import UserError
 from tscale.fileio import sha256_file
 from tscale.index.distribution import FeatureLookup
-from tscale.index.features import FEATURE_MAX_SUPPORT
 from tscale.index.lookup import Index
 from tscale.index.mixing import IndexFeatures
 from tscale.infer.draft import DraftStats, IndexDrafter, accept
@@ -149,8 +148,7 @@ class Engine:
         lookups = None
         if opened is not None:
             c = ckpt.index_cfg
-            lookups = IndexLookups(opened, FeatureLookup(c.topk, c.max_len, c.distribution, FEATURE_MAX_SUPPORT),
-                                   torch.device(device))
+            lookups = IndexLookups(opened, FeatureLookup(c.topk, c.max_len, c.distribution), torch.device(device))
         return cls(model, load_tokenizer(ckpt.tokenizer_path), device, lookups, drafter)
 
     def encode_prompt(self, prompt: str, where: str = "prompt") -> list[int]:
