@@ -1,5 +1,8 @@
 """The backoff distribution: kernel vs reference, Witten-Bell by brute force, its features and its log-probs."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +17,9 @@ from tscale.index.features import StoredFeatures, unpack
 from tscale.index.mixing import IndexMixer, index_log_probs, index_target_log_probs
 from tscale.ops import index as ops
 from tscale.ops.backend import kernels_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+import index_mix_oracle as oracle  # noqa: E402  (its p_backoff: the recursion, checked by hand in its own tests)
 
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason="tscale._C not built")
 
@@ -47,24 +53,6 @@ def test_backoff_kernel_is_its_reference(topk):
     assert (listed > 0).mean() > 0.5 and (listed == min(topk, 7)).any()  # lists more than one level's (6) tokens
 
 
-def _witten_bell(levels_lens, levels_next, levels_count, vocab: int) -> np.ndarray:
-    """Dense Witten-Bell by the recursion itself: (C, N) lookups, longest cap first -> (N, V) probabilities."""
-    n = levels_lens.shape[1]
-    p = np.full((n, vocab), 1.0 / vocab)
-    seen = np.zeros(n, np.int64)
-    for c in range(levels_lens.shape[0] - 1, -1, -1):
-        for i in range(n):
-            valid = levels_count[c, i] > 0
-            if levels_lens[c, i] <= seen[i] or not valid.any():
-                continue
-            counts = np.zeros(vocab)
-            counts[levels_next[c, i][valid]] = levels_count[c, i][valid]
-            total, distinct = counts.sum(), valid.sum()
-            p[i] = (counts + distinct * p[i]) / (total + distinct)
-            seen[i] = levels_lens[c, i]
-    return p
-
-
 @pytest.fixture
 def repetitive_folder(tmp_path):
     rng = np.random.default_rng(5)
@@ -90,7 +78,8 @@ def test_backoff_features_are_witten_bell_over_the_capped_lookups(repetitive_fol
     assert len(index.shards) == 1
     levels = [ops.index_lookup_reference(index.shards[0].tokens, None, None, query, None, folder.eos_id, cap, LEVEL_TOPK, 0)
               for cap in caps]
-    want = _witten_bell(*(np.stack([lv[j] for lv in levels]) for j in range(3)), vocab)
+    every = [np.full(len(query), y) for y in range(vocab)]  # the probe's Witten-Bell recursion, token by token
+    want = np.stack([oracle.p_backoff(levels, y, vocab) for y in every], axis=1)  # (N, V)
     np.testing.assert_array_equal(lens, levels[0][0])
     for i in range(len(query)):
         listed = nxt[i] >= 0
