@@ -7,9 +7,22 @@ import os
 log = logging.getLogger("tscale.ops")
 
 
-@functools.cache
+_loaded: tuple[bool, bool, str] | None = None
+
+
 def _load() -> tuple[bool, bool, str]:
-    """(CPU kernels usable, CUDA kernels usable, description)."""
+    """(CPU kernels usable, CUDA kernels usable, description), decided on the first call.
+
+    A module global rather than functools.cache: torch.compile reads a global as a constant,
+    while it warns about every cache-wrapped function it traces through.
+    """
+    global _loaded
+    if _loaded is None:
+        _loaded = _probe()
+    return _loaded
+
+
+def _probe() -> tuple[bool, bool, str]:
     if os.environ.get("TSCALE_OPS") == "reference":
         return False, False, "reference ops (TSCALE_OPS=reference)"
     try:
