@@ -1,4 +1,7 @@
-"""Atomic file writes and checksums: every output goes to a temporary name, then is renamed."""
+"""Atomic file writes and checksums: every output goes to a temporary name, then is renamed.
+
+A folder that takes long to build goes through `resumable_dir`, kept when interrupted.
+"""
 
 import hashlib
 import json
@@ -7,6 +10,8 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from tscale.errors import UserError
 
 
 def _umask_mode(mode: int) -> int:
@@ -61,4 +66,44 @@ def atomic_dir(path: str | os.PathLike):
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+RESUME_KEY = "resume-key.json"
+
+
+@contextmanager
+def resumable_dir(path: str | os.PathLike, key: dict):
+    """Yield (work folder beside `path`, whether it holds an interrupted run with the same `key`).
+
+    The folder is `.NAME.partial` next to `path`. On success it is renamed to `path` (which must
+    not exist); on KeyboardInterrupt it is kept, so the same build can continue from what it
+    finished; on any other error it is removed. A partial folder of another key (another build
+    into the same `path`) is replaced; a folder of that name without a key was not made here and
+    is refused.
+    """
+    path = Path(path)
+    work = path.parent / f".{path.name}.partial"
+    key = json.loads(json.dumps(key))  # tuples become lists, as they read back
+    key_file = work / RESUME_KEY
+    resumed = False
+    if work.exists():
+        if not key_file.is_file():
+            raise UserError(f"{work}: exists and is not a partial build of {path}; move or delete it")
+        resumed = json.loads(key_file.read_text(encoding="utf-8")) == key
+        if not resumed:
+            shutil.rmtree(work)
+    if not resumed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        work.mkdir()
+        os.chmod(work, _umask_mode(0o777))
+        write_json_atomic(key_file, key)
+    try:
+        yield work, resumed
+        key_file.unlink()
+        os.rename(work, path)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
         raise

@@ -5,12 +5,18 @@ validation, see decontaminate.py). Documents are appended whole, in token-folder
 shards of at most `shard_tokens` tokens. The memory setting bounds the whole build: a corpus
 that fits one shard is sorted by one SA-IS call (single-threaded); a larger one is cut into
 shards small enough that `workers` of them sort at once (one thread each) within the setting.
-Everything is written into a temporary folder renamed into place when complete, manifest last.
+Everything is written into a folder beside OUT renamed into place when complete, manifest last;
+an interrupted build (Ctrl-C, SIGTERM) keeps it, and the same command continues from the finished
+index and feature batches (tscale.fileio.resumable_dir).
 """
 
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,13 +26,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
-from tscale.fileio import atomic_dir, sha256_file
+from tscale.fileio import resumable_dir, sha256_file
 from tscale.index import features as feats
 from tscale.index.decontaminate import contaminated_docs
 from tscale.index.distribution import FeatureLookup
 from tscale.index.folds import MAX_FOLDS, write_fold_features
 from tscale.index.lookup import DOC_COLUMNS, INDEX_FORMAT, INDEX_VERSION, SA_BYTES, Index, tokens_identity
-from tscale.manifest import write_manifest
+from tscale.manifest import MANIFEST, load_manifest, write_manifest
 from tscale.ops import index as ops
 
 MAX_SHARD_TOKENS = (1 << 32) - 1
@@ -36,6 +42,8 @@ BUILD_BYTES_32 = 12
 BUILD_BYTES_64 = 24
 DEFAULT_MAX_MEMORY_GB = 8.0
 DEFAULT_FEATURES_SPAN = 32  # the fold indexes' decontamination span, as the evaluation index's headline N
+MANIFEST_OWN_KEYS = ("format", "version", "created", "command", "files")  # written by write_manifest itself
+SHARD_SUFFIXES = (".tok", ".sa", ".docs")
 
 
 def shard_tokens_for(max_memory_gb: float) -> int:
@@ -108,15 +116,24 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     dropped = [np.zeros(len(s.docs), bool) for s in folder.shards("train")]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
                         TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
-    with progress, atomic_dir(out) as tmp:
-        if decontaminate:
-            task = progress.add_task(f"decontaminating ({decontaminate}-token spans)", total=folder.num_tokens("train"))
-            dropped = contaminated_docs(folder, decontaminate, against, lambda n: progress.advance(task, n))
-        fields = write_index(folder, dropped, limit, workers, tmp, progress, "building suffix arrays")
-        fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate, against_identity)
-        fields["build"].update(max_memory_gb=max_memory_gb, seconds=round(time.perf_counter() - t0, 3))
-        files = fields.pop("files")
-        manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
+    key = {"tokens": tokens_identity(folder), "against": against_identity, "decontaminate": decontaminate,
+           "shard_tokens_limit": limit, "features": features, "lookup": lookup._asdict() if features else None,
+           "features_folds": features_folds, "features_span": features_span}
+    with progress, _sigterm_as_interrupt(), _kept_when_interrupted(out), resumable_dir(out, key) as (tmp, resumed):
+        if resumed and (tmp / MANIFEST).is_file():  # the index itself was complete: keep it, go on with the features
+            manifest = load_manifest(tmp, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
+            fields = {k: v for k, v in manifest.items() if k not in MANIFEST_OWN_KEYS}
+            fields["features"] = None
+            files = [f for f in manifest["files"] if f.endswith(SHARD_SUFFIXES)]
+        else:
+            if decontaminate:
+                task = progress.add_task(f"decontaminating ({decontaminate}-token spans)", total=folder.num_tokens("train"))
+                dropped = contaminated_docs(folder, decontaminate, against, lambda n: progress.advance(task, n))
+            fields = write_index(folder, dropped, limit, workers, tmp, progress, "building suffix arrays")
+            fields["decontamination"] = _decontamination_record(folder, dropped, decontaminate, against_identity)
+            fields["build"].update(max_memory_gb=max_memory_gb, seconds=round(time.perf_counter() - t0, 3))
+            files = fields.pop("files")
+            manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files, **fields)
         if features:
             splits = ("val",) if features_folds else ("train", "val")
             written = feats.write_features(Index(tmp), folder, tmp, progress, lookup, splits)
@@ -130,6 +147,33 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
             fields["features"] = written["record"]
             manifest = write_manifest(tmp, INDEX_FORMAT, INDEX_VERSION, files + written["files"], **fields)
     return manifest
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While building, SIGTERM stops the build as Ctrl-C does (so what is finished is kept), in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _kept_when_interrupted(out: Path) -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"build-index: interrupted; finished work is kept in {out.parent / f'.{out.name}.partial'}; "
+              "run the same command again to continue", file=sys.stderr)
+        raise
 
 
 def write_index(folder: TokenFolder, dropped: list[np.ndarray], limit: int, workers: int, dest: Path, progress: Progress,

@@ -24,6 +24,7 @@ another one. `fresh_features` computes the same records on the fly (for an index
 without --features, or from other tokens of the same tokenizer).
 """
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from rich.progress import Progress
 
 from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
-from tscale.fileio import sha256_file
+from tscale.fileio import sha256_file, write_text_atomic
 from tscale.index.distribution import DISTRIBUTIONS, FeatureLookup
 from tscale.index.lookup import INDEX_FORMAT, INDEX_VERSION, Index
 from tscale.manifest import MANIFEST, load_manifest
@@ -76,19 +77,45 @@ def write_features(index: Index, folder: TokenFolder, out: Path, progress: Progr
     task = progress.add_task("writing features", total=sum(folder.num_tokens(s) for s in splits)) if progress else None
     for split in splits:
         for k, (name, shard) in enumerate(zip(folder.manifest["splits"][split]["shards"], folder.shards(split))):
-            rec = np.zeros(len(shard.tokens), dtype=dtype)
-            for s, e, excl in doc_batches(shard, k, own if split == "train" else None):
-                looked = lookup(index, shard.tokens[s:e], excl)
-                rec[s:e] = pack(*looked, dtype, index.vocab_size)
-                if progress:
-                    progress.advance(task, e - s)
-            rec.tofile(out / feature_name(name))
+            batches = doc_batches(shard, k, own if split == "train" else None)
+            _write_shard_features(out / feature_name(name), len(shard.tokens), dtype, batches,
+                                  lambda tokens, excl: pack(*lookup(index, tokens, excl), dtype, index.vocab_size),
+                                  shard.tokens, (lambda n: progress.advance(task, n)) if progress else None)
             files.append(feature_name(name))
     record = {"version": FEATURES_VERSION, "topk": lookup.topk, "max_len": lookup.max_len,
               "max_support": lookup.max_support, **lookup.record(), "dtype": [list(f) for f in dtype.descr],
               "record_bytes": dtype.itemsize, "none_token": index.vocab_size,
               "leave_one_out": "train tokens ignore occurrences overlapping their own document"}
     return {"files": files, "record": record}
+
+
+def _write_shard_features(path: Path, n: int, dtype: np.dtype, batches, records, tokens, advance) -> None:
+    """Write one shard's n records to `path`, batch by batch, so that an interrupted write continues.
+
+    Records go into PATH.part; PATH.done holds how many leading tokens are written. A later call
+    skips those batches (doc_batches yields the same ones again), and a finished file is kept.
+    """
+    part, done_file = path.with_name(path.name + ".part"), path.with_name(path.name + ".done")
+    if path.is_file() and path.stat().st_size == n * dtype.itemsize:
+        if advance:
+            advance(n)
+        return
+    if n == 0:
+        path.write_bytes(b"")
+        return
+    resume = part.is_file() and part.stat().st_size == n * dtype.itemsize and done_file.is_file()
+    done = int(done_file.read_text()) if resume else 0
+    rec = np.memmap(part, dtype=dtype, mode="r+" if resume else "w+", shape=(n,))
+    for s, e, excl in batches:
+        if e > done:
+            rec[s:e] = records(tokens[s:e], excl)
+            rec.flush()
+            write_text_atomic(done_file, str(e))
+        if advance:
+            advance(e - s)
+    del rec
+    os.replace(part, path)
+    done_file.unlink(missing_ok=True)
 
 
 def doc_batches(shard: Shard, shard_no: int, own: dict | None, limit: int | None = None):
