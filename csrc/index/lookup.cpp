@@ -19,6 +19,11 @@
 //   entries left cannot reach the top k; results for ranges of 16+ entries without an exclusion
 //   are kept in a small per-thread cache (they depend on the range only). Independent chunks of the query run in parallel, each
 //   warmed up on the max_len positions before it, so results do not depend on the chunking.
+//
+// index_lookup_levels(..., caps, topk, max_support): the same lookups capped at each of caps
+//   (strictly descending; caps[0] plays max_len) in one pass -> len (C, N), next, count (C, N, topk).
+//   Only caps[0] streams; a shorter cap reuses its results where the match fits under it and
+//   searches its own c tokens where it does not.
 // Reference twins: tscale/ops/index.py.
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -175,11 +180,15 @@ int64_t longest(const Shard<T>& s, const int64_t* end, int64_t top, int64_t es, 
   return good;
 }
 
+// Results of every level: level l holds the lookups capped at caps[l] (caps[0] = max_len, the rest
+// shorter, descending), at len[l * n + i] and next/count[(l * n + i) * topk ...].
 struct Out {
   int32_t* len;
   int64_t* next;
   int64_t* count;
+  int64_t n;
   int64_t topk;
+  const std::vector<int64_t>& caps;
 };
 
 // best: (count, token) by count descending, ties by smaller token; tokens arrive in increasing order
@@ -293,6 +302,28 @@ struct Counter {
   }
 };
 
+// Levels 1.. at position i, from level 0's match of `len` tokens ending before `end`: existence is
+// monotone in the length, so a level capped at c >= len has the same match (its results are copied)
+// and one capped below it matches exactly c tokens, searched directly.
+template <typename T>
+void shorter_levels(const Shard<T>& s, Counter<T>& counter, const int64_t* end, int64_t len, int64_t es, int64_t ee,
+                    int64_t i, const Out& out) {
+  const int64_t k = out.topk;
+  for (size_t l = 1; l < out.caps.size(); ++l) {
+    const int64_t c = out.caps[l], at = static_cast<int64_t>(l) * out.n + i;
+    if (len <= c) {
+      out.len[at] = out.len[i];
+      std::copy(out.next + i * k, out.next + (i + 1) * k, out.next + at * k);
+      std::copy(out.count + i * k, out.count + (i + 1) * k, out.count + at * k);
+    } else {
+      int64_t lo = 0, hi = 0;
+      const int64_t got = longest(s, end, c, es, ee, lo, hi);
+      out.len[at] = static_cast<int32_t>(got);
+      counter.run(lo, hi, got, es, ee, out.next + at * k, out.count + at * k);
+    }
+  }
+}
+
 template <typename T>
 void lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q, const int64_t* excl, int64_t eos,
                   int64_t max_len, int64_t c0, int64_t c1, const Out& out) {
@@ -332,6 +363,7 @@ void lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q, cons
     if (i >= c0) {
       out.len[i] = static_cast<int32_t>(len);
       counter.run(lo, hi, len, es, ee, out.next + i * out.topk, out.count + i * out.topk);
+      shorter_levels(s, counter, q + i + 1, len, es, ee, i, out);
     }
   }
 }
@@ -345,8 +377,9 @@ Shard<T> make_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tens
 }
 
 template <typename T>
-void lookup_all(const Shard<T>& s, const at::Tensor& query, const at::Tensor& excl, int64_t eos, int64_t max_len,
-                int64_t max_support, const Out& out) {
+void lookup_all(const Shard<T>& s, const at::Tensor& query, const at::Tensor& excl, int64_t eos, int64_t max_support,
+                const Out& out) {
+  const int64_t max_len = out.caps[0];
   const int64_t* q = query.data_ptr<int64_t>();
   const int64_t* ex = excl.numel() ? excl.data_ptr<int64_t>() : nullptr;
   const int64_t n = query.numel();
@@ -367,10 +400,10 @@ void check_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tensor&
               "index: bad first");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
     const at::Tensor& text_in, const at::Tensor& sa_in, const at::Tensor& first_in, const at::Tensor& off_in,
     const at::Tensor& pnext_in, const at::Tensor& pstart_in, const at::Tensor& query_in, const at::Tensor& excl_in,
-    int64_t eos, int64_t max_len, int64_t topk, int64_t max_support) {
+    int64_t eos, at::IntArrayRef caps_in, int64_t topk, int64_t max_support) {
   const at::Tensor text = text_in.contiguous(), sa = sa_in.contiguous(), first = first_in.contiguous();
   check_shard(text, sa, first);
   const at::Tensor off = off_in.contiguous(), pnext = pnext_in.contiguous(), pstart = pstart_in.contiguous();
@@ -382,18 +415,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(
   TORCH_CHECK(excl_in.scalar_type() == at::kLong && excl_in.dim() == 2 && excl_in.size(1) == 2 &&
                   (excl_in.size(0) == 0 || excl_in.size(0) == n),
               "index_lookup: excl must be int64 (N, 2) or (0, 2)");
-  TORCH_CHECK(max_len >= 1 && topk >= 1 && max_support >= 1, "index_lookup: max_len, topk, max_support must be >= 1");
+  const std::vector<int64_t> caps(caps_in.begin(), caps_in.end());
+  TORCH_CHECK(!caps.empty() && caps.back() >= 1 && std::is_sorted(caps.rbegin(), caps.rend()) &&
+                  std::adjacent_find(caps.begin(), caps.end()) == caps.end(),
+              "index_lookup: the match caps must be >= 1 and strictly descending");
+  TORCH_CHECK(topk >= 1 && max_support >= 1, "index_lookup: topk and max_support must be >= 1");
   const at::Tensor query = query_in.contiguous(), excl = excl_in.contiguous();
-  at::Tensor len = at::zeros({n}, query.options().dtype(at::kInt));
-  at::Tensor next = at::empty({n, topk}, query.options());
-  at::Tensor count = at::empty({n, topk}, query.options());
-  const Out out{len.data_ptr<int32_t>(), next.data_ptr<int64_t>(), count.data_ptr<int64_t>(), topk};
+  const auto levels = static_cast<int64_t>(caps.size());
+  at::Tensor len = at::zeros({levels, n}, query.options().dtype(at::kInt));
+  at::Tensor next = at::empty({levels, n, topk}, query.options());
+  at::Tensor count = at::empty({levels, n, topk}, query.options());
+  const Out out{len.data_ptr<int32_t>(), next.data_ptr<int64_t>(), count.data_ptr<int64_t>(), n, topk, caps};
   if (text.scalar_type() == at::kShort) {
-    lookup_all(make_shard<int16_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_len, max_support, out);
+    lookup_all(make_shard<int16_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_support, out);
   } else {
-    lookup_all(make_shard<int32_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_len, max_support, out);
+    lookup_all(make_shard<int32_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_support, out);
   }
   return {len, next, count};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(
+    const at::Tensor& text, const at::Tensor& sa, const at::Tensor& first, const at::Tensor& off,
+    const at::Tensor& pnext, const at::Tensor& pstart, const at::Tensor& query, const at::Tensor& excl,
+    int64_t eos, int64_t max_len, int64_t topk, int64_t max_support) {
+  TORCH_CHECK(max_len >= 1, "index_lookup: max_len must be >= 1");
+  const std::vector<int64_t> caps{max_len};
+  auto [len, next, count] = index_lookup_levels_cpu(text, sa, first, off, pnext, pstart, query, excl, eos, caps, topk,
+                                                    max_support);
+  return {len[0], next[0], count[0]};
 }
 
 }  // namespace
@@ -401,10 +450,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
   m.def("index_lookup(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, Tensor pair_start, "
         "Tensor query, Tensor excl, int eos, int max_len, int topk, int max_support) -> (Tensor, Tensor, Tensor)");
+  m.def("index_lookup_levels(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, "
+        "Tensor pair_start, Tensor query, Tensor excl, int eos, int[] caps, int topk, int max_support) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {
   m.impl("index_lookup", &index_lookup_cpu);
+  m.impl("index_lookup_levels", &index_lookup_levels_cpu);
 }
 
 }  // namespace tscale

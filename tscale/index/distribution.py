@@ -14,7 +14,8 @@ Two distributions, chosen by index.distribution and recorded with the features:
            evenly over the other tokens. Tokens the longest match never saw get what shorter
            contexts say of them instead of add-delta's almost nothing: on the code slice's
            decontaminated index a fitted mixture saves about 18% more nats with it than with the
-           longest match's top 4 (docs/index.md, section 16). It costs one lookup per cap.
+           longest match's top 4 (docs/index.md, section 16). One pass looks every cap up
+           (Index.lookup_levels): a shorter cap searches only where the match is longer than it.
 
 The match length a model sees (its buckets, the gate's length terms) is the longest match's in both.
 """
@@ -73,8 +74,7 @@ class FeatureLookup(NamedTuple):
         w = max(0, s - (self.max_len - 1))
         part = tokens[w:e]
         part_excl = None if excl is None or not len(excl) else excl[w:e]
-        levels = [index.lookup(part, part_excl, max_len=cap, topk=LEVEL_TOPK, max_support=self.max_support)
-                  for cap in backoff_caps(self.max_len)]
-        lens, nxt, cnt = (np.stack([lv[j][s - w:] for lv in levels]) for j in range(3))  # (C, n[, LEVEL_TOPK])
+        levels = index.lookup_levels(part, part_excl, backoff_caps(self.max_len), LEVEL_TOPK, self.max_support)
+        lens, nxt, cnt = (a[:, s - w:] for a in levels)  # (C, n[, LEVEL_TOPK])
         top, weight = ops.index_backoff(lens, nxt, cnt, index.vocab_size, self.topk, WEIGHT_SCALE)
         return lens[0], top, weight

@@ -112,6 +112,16 @@ class Index:
         max_support entries are sampled. Returns match_len (N,) int32, next_tokens (N, topk) int64
         (-1 where none) and next_counts (N, topk) int64.
         """
+        lens, nxt, cnt = self.lookup_levels(tokens, exclude_ranges, (max_len,), topk, max_support, reset_at_eos)
+        return lens[0], nxt[0], cnt[0]
+
+    def lookup_levels(self, tokens, exclude_ranges=None, caps=(DEFAULT_MAX_LEN,), topk: int = 4,
+                      max_support: int = DEFAULT_MAX_SUPPORT, reset_at_eos: bool = True):
+        """`lookup` with the match capped at each of `caps` (strictly descending), in one pass over `tokens`.
+
+        Returns match_len (C, N) int32, next_tokens (C, N, topk) int64 and next_counts (C, N, topk) int64;
+        level c equals lookup(..., max_len=caps[c]).
+        """
         query = np.ascontiguousarray(np.asarray(tokens), dtype=np.int64)
         if query.ndim != 1:
             raise ValueError(f"tokens must be 1-D, got shape {query.shape}")
@@ -127,14 +137,15 @@ class Index:
         results = []
         for shard in live:
             excl = None if exclude_ranges is None else _local_ranges(exclude_ranges, shard.offset, len(shard.tokens))
-            results.append(ops.index_lookup(shard.tokens, shard.sa, shard.tables(self.vocab_size), query, excl,
-                                            eos, max_len, per_topk, max_support))
+            results.append(ops.index_lookup_levels(shard.tokens, shard.sa, shard.tables(self.vocab_size), query, excl,
+                                                   eos, caps, per_topk, max_support))
         if not results:
-            n = len(query)
-            return np.zeros(n, np.int32), np.full((n, topk), -1, np.int64), np.zeros((n, topk), np.int64)
+            c, n = len(caps), len(query)
+            return np.zeros((c, n), np.int32), np.full((c, n, topk), -1, np.int64), np.zeros((c, n, topk), np.int64)
         if len(results) == 1:
             return results[0]
-        return merge_shards(results, topk)
+        merged = [merge_shards([tuple(r[j][c] for j in range(3)) for r in results], topk) for c in range(len(caps))]
+        return tuple(np.stack([m[j] for m in merged]) for j in range(3))
 
     def doc_ranges(self) -> dict[tuple[int, int], tuple[int, int]]:
         """(train shard number, doc index) -> global [start, end) of that document in the index."""

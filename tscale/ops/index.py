@@ -4,6 +4,8 @@ suffix_array(tokens (n,) uint16|uint32) -> (n,) uint32: suffix starts in lexicog
 lookup_tables(text, sa, vocab_size) -> LookupTables: first-token and token-pair ranges of the suffix array
 index_lookup(text, sa, tables, query, excl, eos, max_len, topk, max_support)
     -> len (N,) int32, next (N, topk) int64, count (N, topk) int64; see csrc/index/lookup.cpp
+index_lookup_levels(text, sa, tables, query, excl, eos, caps, topk, max_support)
+    -> len (C, N), next (C, N, topk), count (C, N, topk): index_lookup at each cap of `caps` in one pass
 index_backoff(lens (C, N), next (C, N, k), count (C, N, k), vocab, topk, scale)
     -> next (N, topk) int64, weight (N, topk) int64: Witten-Bell over C capped lookups; see csrc/index/backoff.cpp
 ngram_hashes(tokens, starts, n) -> int64 hashes of the n-grams inside each document
@@ -147,6 +149,27 @@ def index_lookup(text, sa, tables: LookupTables, query, excl, eos: int, max_len:
     out = torch.ops.tscale.index_lookup(
         _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start),
         torch.from_numpy(query), torch.from_numpy(excl), eos, max_len, topk, max_support)
+    return tuple(t.numpy() for t in out)
+
+
+def index_lookup_levels_reference(text, sa, tables, query, excl, eos: int, caps, topk: int, max_support: int):
+    """index_lookup_reference at each cap, stacked (C, ...)."""
+    levels = [index_lookup_reference(text, sa, tables, query, excl, eos, cap, topk, max_support) for cap in caps]
+    return tuple(np.stack([lv[j] for lv in levels]) for j in range(3))
+
+
+def index_lookup_levels(text, sa, tables: LookupTables, query, excl, eos: int, caps, topk: int, max_support: int):
+    caps = [int(c) for c in caps]
+    if not caps or caps[-1] < 1 or any(a <= b for a, b in zip(caps, caps[1:])):
+        raise ValueError(f"index_lookup_levels: caps must be >= 1 and strictly descending, got {caps}")
+    query = np.ascontiguousarray(query, dtype=np.int64)
+    excl = np.zeros((0, 2), dtype=np.int64) if excl is None else np.ascontiguousarray(excl, dtype=np.int64)
+    if not kernels_available():
+        return index_lookup_levels_reference(text, sa, tables, query, excl, eos, caps, topk, max_support)
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (tables.first, tables.pair_off, tables.pair_next)]
+    out = torch.ops.tscale.index_lookup_levels(
+        _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start),
+        torch.from_numpy(query), torch.from_numpy(excl), eos, caps, topk, max_support)
     return tuple(t.numpy() for t in out)
 
 
