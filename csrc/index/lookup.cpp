@@ -1,17 +1,19 @@
 // Streaming longest-match lookup in one index shard (op schema + CPU kernel).
 //
-// index_lookup(text, sa, first, pair_off, pair_next, pair_start, query, excl, eos, max_len, topk, max_support)
+// index_lookup_levels(text, sa, first, pair_off, pair_next, pair_start, query, excl, eos, caps, topk, max_support)
+//   caps  the match caps, strictly descending (>= 1); level l of each result is capped at caps[l],
+//         and max_len below is caps[0] (tscale.ops.index.index_lookup is the one-cap case)
 //   text  int16 (uint16 ids) or int32 (n,): the shard's tokens; sa int32 (n,): uint32 suffix array
 //   first int64 (V + 1,): suffixes starting with token a are sa[first[a] : first[a + 1]]
 //   pair_*: the token-pair table of index_pairs (csrc/index/pairs.cpp)
 //   query int64 (N,); excl int64 (N, 2) or (0, 2): per query position a shard range [s, e) of
 //         occurrence starts that do not count (leave-one-out); eos: context resets after it (-1: never)
-//   -> len int32 (N,): longest L <= max_len such that query[i-L+1 .. i] occurs at some start p with
+//   -> per level, len int32 (N,): longest L <= max_len such that query[i-L+1 .. i] occurs at some start p with
 //         p + L < n and [p, p + L] disjoint from excl[i], the context never reaching back past an eos at < i;
 //      next int64 (N, topk), count int64 (N, topk): tokens text[p + L] over those occurrences,
 //         by count (ties: smaller id first); -1 / 0 where fewer. Exact when the match's SA range has
 //         at most max_support entries; larger ranges are sampled evenly (max_support entries) and
-//         their counts scaled.
+//         their counts scaled. The levels are stacked: len (C, N), next and count (C, N, topk).
 //   Streaming: a match is extended by one token by narrowing its SA range; when that fails the
 //   context is shortened from the left and searched again, starting from the pair table and
 //   binary-searching the whole remaining pattern. Next-token counts walk the blocks of equal next
@@ -19,11 +21,8 @@
 //   entries left cannot reach the top k; results for ranges of 16+ entries without an exclusion
 //   are kept in a small per-thread cache (they depend on the range only). Independent chunks of the query run in parallel, each
 //   warmed up on the max_len positions before it, so results do not depend on the chunking.
-//
-// index_lookup_levels(..., caps, topk, max_support): the same lookups capped at each of caps
-//   (strictly descending; caps[0] plays max_len) in one pass -> len (C, N), next, count (C, N, topk).
-//   Only caps[0] streams; a shorter cap reuses its results where the match fits under it and
-//   searches its own c tokens where it does not.
+//   Levels: only caps[0] streams; a shorter cap reuses its results where the match fits under it
+//   and searches its own c tokens where it does not (see shorter_levels).
 // Reference twins: tscale/ops/index.py.
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -434,29 +433,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
   return {len, next, count};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_cpu(
-    const at::Tensor& text, const at::Tensor& sa, const at::Tensor& first, const at::Tensor& off,
-    const at::Tensor& pnext, const at::Tensor& pstart, const at::Tensor& query, const at::Tensor& excl,
-    int64_t eos, int64_t max_len, int64_t topk, int64_t max_support) {
-  TORCH_CHECK(max_len >= 1, "index_lookup: max_len must be >= 1");
-  const std::vector<int64_t> caps{max_len};
-  auto [len, next, count] = index_lookup_levels_cpu(text, sa, first, off, pnext, pstart, query, excl, eos, caps, topk,
-                                                    max_support);
-  return {len[0], next[0], count[0]};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
-  m.def("index_lookup(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, Tensor pair_start, "
-        "Tensor query, Tensor excl, int eos, int max_len, int topk, int max_support) -> (Tensor, Tensor, Tensor)");
   m.def("index_lookup_levels(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, "
         "Tensor pair_start, Tensor query, Tensor excl, int eos, int[] caps, int topk, int max_support) "
         "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {
-  m.impl("index_lookup", &index_lookup_cpu);
   m.impl("index_lookup_levels", &index_lookup_levels_cpu);
 }
 

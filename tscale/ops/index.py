@@ -6,6 +6,7 @@ index_lookup(text, sa, tables, query, excl, eos, max_len, topk, max_support)
     -> len (N,) int32, next (N, topk) int64, count (N, topk) int64; see csrc/index/lookup.cpp
 index_lookup_levels(text, sa, tables, query, excl, eos, caps, topk, max_support)
     -> len (C, N), next (C, N, topk), count (C, N, topk): index_lookup at each cap of `caps` in one pass
+    (index_lookup is its one-cap case)
 index_backoff(lens (C, N), next (C, N, k), count (C, N, k), vocab, topk, scale)
     -> next (N, topk) int64, weight (N, topk) int64: Witten-Bell over C capped lookups; see csrc/index/backoff.cpp
 ngram_hashes(tokens, starts, n) -> int64 hashes of the n-grams inside each document
@@ -141,15 +142,10 @@ def index_lookup_reference(text, sa, tables, query, excl, eos, max_len, topk, ma
 
 
 def index_lookup(text, sa, tables: LookupTables, query, excl, eos: int, max_len: int, topk: int, max_support: int):
-    query = np.ascontiguousarray(query, dtype=np.int64)
-    excl = np.zeros((0, 2), dtype=np.int64) if excl is None else np.ascontiguousarray(excl, dtype=np.int64)
-    if not kernels_available():
-        return index_lookup_reference(text, sa, tables, query, excl, eos, max_len, topk, max_support)
-    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (tables.first, tables.pair_off, tables.pair_next)]
-    out = torch.ops.tscale.index_lookup(
-        _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start),
-        torch.from_numpy(query), torch.from_numpy(excl), eos, max_len, topk, max_support)
-    return tuple(t.numpy() for t in out)
+    if max_len < 1:
+        raise ValueError(f"index_lookup: max_len must be >= 1, got {max_len}")
+    lens, nxt, cnt = index_lookup_levels(text, sa, tables, query, excl, eos, [max_len], topk, max_support)
+    return lens[0], nxt[0], cnt[0]
 
 
 def index_lookup_levels_reference(text, sa, tables, query, excl, eos: int, caps, topk: int, max_support: int):
