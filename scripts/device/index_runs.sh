@@ -14,7 +14,8 @@
 #            (a few minutes); options after SECONDS go to it and override those
 # Options after SECONDS go to index_quality.py (e.g. --index-max-len 16); give the same ones to both parts.
 # Everything stops SECONDS after the start; finished stages are kept in .cache/issue6 (an ignored folder
-# that stays on the machine between calls), so the same command continues where it stopped. The
+# that stays on the machine between calls), so the same command continues where it stopped (a build-index
+# stopped mid-way goes on from its finished index and feature batches). The
 # extension is built only when it is missing. OUT_DIR gets console.log, index.json (docs/bench/index.json
 # as the run left it) and results.tar.gz (the work folder's log and eval records, the setup logs).
 set -u -o pipefail
