@@ -114,3 +114,13 @@ def test_sigterm_stops_a_build_as_an_interrupt(tokens, tmp_path, monkeypatch):
         build_index(tokens, tmp_path / "index", features=True, quiet=True)
     assert (tmp_path / ".index.partial" / "manifest.json").is_file()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_build_says_how_to_continue_and_that_it_continued(tokens, tmp_path, monkeypatch, capsys):
+    with monkeypatch.context() as m:
+        _counting(m, feats, "pack", stop_at=3)
+        with pytest.raises(KeyboardInterrupt):
+            build_index(tokens, tmp_path / "index", features=True, quiet=True)
+    assert "run the same command again to continue" in capsys.readouterr().err
+    build_index(tokens, tmp_path / "index", features=True)
+    assert "continuing the interrupted build" in capsys.readouterr().err

@@ -121,6 +121,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
            "features_folds": features_folds, "features_span": features_span}
     with progress, _sigterm_as_interrupt(), _kept_when_interrupted(out), resumable_dir(out, key) as (tmp, resumed):
         if resumed and (tmp / MANIFEST).is_file():  # the index itself was complete: keep it, go on with the features
+            if not quiet:
+                progress.console.print(f"continuing the interrupted build in {tmp}: its index is complete")
             manifest = load_manifest(tmp, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
             fields = {k: v for k, v in manifest.items() if k not in MANIFEST_OWN_KEYS}
             fields["features"] = None
