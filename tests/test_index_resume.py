@@ -124,3 +124,20 @@ def test_the_build_says_how_to_continue_and_that_it_continued(tokens, tmp_path, 
     assert "run the same command again to continue" in capsys.readouterr().err
     build_index(tokens, tmp_path / "index", features=True)
     assert "continuing the interrupted build" in capsys.readouterr().err
+
+
+def test_fold_features_interrupted_are_made_again_whole(tokens, tmp_path, monkeypatch):
+    import tscale.index.folds as folds
+
+    reference = tmp_path / "reference"
+    build_index(tokens, reference, features=True, features_folds=3, quiet=True)
+    with monkeypatch.context() as m:
+        _counting(m, folds, "_look_up_fold", stop_at=4)
+        with pytest.raises(KeyboardInterrupt):
+            build_index(tokens, tmp_path / "index", features=True, features_folds=3, quiet=True)
+    assert not list((tmp_path / ".index.partial").glob(".fold-*"))  # the fold indexes are scratch
+    with monkeypatch.context() as m:
+        sorts = _counting(m, build_module.ops, "suffix_array")
+        build_index(tokens, tmp_path / "index", features=True, features_folds=3, quiet=True)
+    assert len(sorts) == 3  # the three fold indexes; the index itself was kept
+    assert _files(tmp_path / "index") == _files(reference)
