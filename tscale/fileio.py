@@ -72,18 +72,24 @@ def atomic_dir(path: str | os.PathLike):
 RESUME_KEY = "resume-key.json"
 
 
+def partial_dir(path: str | os.PathLike) -> Path:
+    """Where resumable_dir builds `path`: `.NAME.partial` beside it."""
+    path = Path(path)
+    return path.parent / f".{path.name}.partial"
+
+
 @contextmanager
 def resumable_dir(path: str | os.PathLike, key: dict):
     """Yield (work folder beside `path`, whether it holds an interrupted run with the same `key`).
 
-    The folder is `.NAME.partial` next to `path`. On success it is renamed to `path` (which must
+    The folder is partial_dir(path). On success it is renamed to `path` (which must
     not exist); on KeyboardInterrupt it is kept, so the same build can continue from what it
     finished; on any other error it is removed. A partial folder of another key (another build
     into the same `path`) is replaced; a folder of that name without a key was not made here and
     is refused.
     """
     path = Path(path)
-    work = path.parent / f".{path.name}.partial"
+    work = partial_dir(path)
     key = json.loads(json.dumps(key))  # tuples become lists, as they read back
     key_file = work / RESUME_KEY
     resumed = False

@@ -42,6 +42,11 @@ def write_manifest(folder: str | os.PathLike, fmt: str, version: int, files: lis
     return manifest
 
 
+def manifest_fields(manifest: dict) -> dict:
+    """The `fields` a manifest was written with (what write_manifest adds itself left out)."""
+    return {k: v for k, v in manifest.items() if k not in ("format", "version", "created", "command", "files")}
+
+
 def load_manifest(folder: str | os.PathLike, fmt: str, versions: tuple[int, ...], verify: bool = True) -> dict:
     """Read and check folder/manifest.json; raise UserError naming the file and the problem."""
     folder = Path(folder)

@@ -26,13 +26,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tscale.data.shards import TokenFolder
 from tscale.errors import UserError
-from tscale.fileio import resumable_dir, sha256_file
+from tscale.fileio import partial_dir, resumable_dir, sha256_file
 from tscale.index import features as feats
 from tscale.index.decontaminate import contaminated_docs
 from tscale.index.distribution import FeatureLookup
 from tscale.index.folds import MAX_FOLDS, write_fold_features
 from tscale.index.lookup import DOC_COLUMNS, INDEX_FORMAT, INDEX_VERSION, SA_BYTES, Index, tokens_identity
-from tscale.manifest import MANIFEST, load_manifest, write_manifest
+from tscale.manifest import MANIFEST, load_manifest, manifest_fields, write_manifest
 from tscale.ops import index as ops
 
 MAX_SHARD_TOKENS = (1 << 32) - 1
@@ -42,8 +42,6 @@ BUILD_BYTES_32 = 12
 BUILD_BYTES_64 = 24
 DEFAULT_MAX_MEMORY_GB = 8.0
 DEFAULT_FEATURES_SPAN = 32  # the fold indexes' decontamination span, as the evaluation index's headline N
-MANIFEST_OWN_KEYS = ("format", "version", "created", "command", "files")  # written by write_manifest itself
-SHARD_SUFFIXES = (".tok", ".sa", ".docs")
 
 
 def shard_tokens_for(max_memory_gb: float) -> int:
@@ -124,9 +122,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
             if not quiet:
                 progress.console.print(f"continuing the interrupted build in {tmp}: its index is complete")
             manifest = load_manifest(tmp, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
-            fields = {k: v for k, v in manifest.items() if k not in MANIFEST_OWN_KEYS}
-            fields["features"] = None
-            files = [f for f in manifest["files"] if f.endswith(SHARD_SUFFIXES)]
+            fields = {**manifest_fields(manifest), "features": None}
+            files = _shard_files(fields["shards"])
         else:
             if decontaminate:
                 task = progress.add_task(f"decontaminating ({decontaminate}-token spans)", total=folder.num_tokens("train"))
@@ -173,7 +170,7 @@ def _kept_when_interrupted(out: Path) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        print(f"build-index: interrupted; finished work is kept in {out.parent / f'.{out.name}.partial'}; "
+        print(f"build-index: interrupted; finished work is kept in {partial_dir(out)}; "
               "run the same command again to continue", file=sys.stderr)
         raise
 
@@ -196,7 +193,7 @@ def write_index(folder: TokenFolder, dropped: list[np.ndarray], limit: int, work
             shards.append(_write_shard(dest, *pending.pop(0)))
             progress.advance(task, shards[-1]["tokens"])
     sort_s = time.perf_counter() - t1
-    files = [f"{s['name']}.{ext}" for s in shards for ext in ("tok", "sa", "docs")]
+    files = _shard_files(shards)
     progress.update(task, completed=total_in)
     total = sum(s["tokens"] for s in shards)
     disk = sum((dest / f).stat().st_size for f in files)
@@ -209,6 +206,11 @@ def write_index(folder: TokenFolder, dropped: list[np.ndarray], limit: int, work
                "workers": min(workers, len(shards)) if shards else 1},
         features=None,
     )
+
+
+def _shard_files(shards: list[dict]) -> list[str]:
+    """The files of the index shards the manifest's "shards" lists."""
+    return [f"{s['name']}.{ext}" for s in shards for ext in ("tok", "sa", "docs")]
 
 
 def _write_shard(tmp: Path, n: int, toks: np.ndarray, docs: np.ndarray, sa_future) -> dict:
