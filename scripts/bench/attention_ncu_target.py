@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernel import D, TOKENS, WINDOW, doc_ids  # noqa: E402
 
-from tscale.ops.attention import attention_kernel  # noqa: E402
+from tscale.ops.attention import attention_kernel, kernel_unusable_reason  # noqa: E402
 
 
 def main() -> None:
@@ -33,6 +33,8 @@ def main() -> None:
         q, k, v, do = (torch.randn(B, args.heads, T, D, generator=g).cuda().bfloat16() for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         docs = doc_ids(B, T, 400, g).cuda().int()
+        if reason := kernel_unusable_reason(q, k, v):  # also loads tscale._C, which registers the kernels
+            sys.exit(f"attention_ncu_target: the kernel cannot run here: {reason}")
         for case in args.cases:
             local = case == "local"
 

@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import torch, pydantic, tscale._C" 2>/dev/null || source scripts/device/setup_env.sh "$OUT/logs" || exit 1
-so=$(python3 -c "import tscale._C as c; print(c.__file__)")
+so=$(python3 -c "import torch, tscale._C as c; print(c.__file__)")
 cuobjdump -res-usage "$so" 2>/dev/null | grep -A1 -E "attention|doc_stats" | grep -v "^--" > "$OUT/resources.txt"
 grep -c . "$OUT/resources.txt"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
