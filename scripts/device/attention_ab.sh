@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The fused attention kernel of this tree against another build of it, on one GPU, in one call.
+#
+#   bash scripts/device/attention_ab.sh OUT_DIR SECONDS BASE_DIR     (repository root, on the GPU machine)
+#
+# BASE_DIR: a copy of setup.py, pyproject.toml, csrc/ and tscale/ of the tree to compare against (e.g.
+# `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried). Both are
+# built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
+# scripts/bench/attention_profile.py for this tree and BASE in turn, twice (kernel time per forward +
+# backward call by kernel, records OUT_DIR/profile-{new,base}-{1,2}.json), and once for this tree with
+# TSCALE_ATTENTION_FWD_TILES=1; scripts/bench/attention_kernel.py (docs/bench/attention_kernel.json); the
+# resources (registers, spills) of both builds' kernels; then, with what time is left, the model's
+# attention cost (scripts/bench/architecture.py attention on mix + code slice from .devdata/data).
+set -u -o pipefail
+OUT=${1:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR}
+deadline=$(( $(date +%s) + ${2:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR} ))
+BASE=$(cd "${3:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR}" && pwd)
+left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
+mkdir -p "$OUT/logs"
+arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
+( cd "$BASE" && CC=gcc CXX=g++ MAX_JOBS=8 TORCH_CUDA_ARCH_LIST=$arch python3 setup.py build_ext --inplace \
+    > "$OUT/logs/build-base.log" 2>&1; echo "base build exit $?" ) &
+MAX_JOBS=8 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
+wait
+usage() { cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 attention_fwd | grep -v "^--" | sed 's/.*attention_fwd_kernel/fwd/; s/EEvNS1_9FwdParamsE:/:/'; }
+echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-new.txt"
+echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"
+TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py 2>&1 \
+  | tee "$OUT/logs/tests.log" | tail -4
+profile() {  # NAME PYTHONPATH-FIRST [ENV=VALUE]
+  local name=$1 root=$2; shift 2
+  env "$@" PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/attention_profile.py \
+    --out "$OUT/profile-$name.json" > "$OUT/logs/profile-$name.log" 2>&1
+  echo "$name: $(grep -E "per forward" "$OUT/logs/profile-$name.log" | tr '\n' ' ')"
+}
+PYTHONPATH="$BASE:/tmp/site" python3 -c "import tscale; print('base imports', tscale.__file__)"
+for round in 1 2; do
+  profile "new-$round" "$PWD"
+  profile "base-$round" "$BASE"
+done
+profile new-tiles1 "$PWD" TSCALE_ATTENTION_FWD_TILES=1
+timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attention_kernel.log" 2>&1
+echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"
+cp docs/bench/attention_kernel.json "$OUT/" 2>/dev/null
+tok=.cache/issue3/tokens
+if [ ! -f $tok/manifest.json ]; then
+  timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz .devdata/data/code-slice.jsonl.xz \
+    --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 0
+fi
+timeout "$(left)" python3 scripts/bench/architecture.py attention --tokens $tok --out-dir "$OUT" \
+  > "$OUT/logs/architecture-attention.log" 2>&1
+echo "architecture.py attention exit $?"; grep -E "^attention T=" "$OUT/logs/architecture-attention.log"
+cp .cache/issue3/results.json "$OUT/" 2>/dev/null
+true
