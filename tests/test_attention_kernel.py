@@ -87,10 +87,10 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd_tiles", ["auto", "1", "4"])  # the forward's query tiles per block
-def test_kernel_shapes(B, H, T, D, fwd_tiles, monkeypatch):
-    if fwd_tiles != "auto":
-        monkeypatch.setenv("TSCALE_ATTENTION_FWD_TILES", fwd_tiles)
+@pytest.mark.parametrize("fwd_rows", ["auto", "16", "32"])
+def test_kernel_shapes(B, H, T, D, fwd_rows, monkeypatch):
+    if fwd_rows != "auto":
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", fwd_rows)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
     _check_kernel(*case, window=128, sink=True)
     _check_kernel(*case[:4], None, window=0, sink=False)
@@ -178,11 +178,11 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
 ]
 
 
-@pytest.mark.parametrize("fwd_tiles", ["1", "4"])  # the forward's query tiles per block
+@pytest.mark.parametrize("fwd_rows", ["16", "32"])  # the forward's rows per warp (64- or 128-query blocks)
 @pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd_tiles, monkeypatch):
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_TILES", fwd_tiles)
+def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd_rows, monkeypatch):
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", fwd_rows)
     B, H, T, D, window, layout, sink = case
     emu.set_seed(T + copy_mode)
     emu.set_copy_mode(copy_mode)

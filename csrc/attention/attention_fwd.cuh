@@ -1,21 +1,18 @@
 // The fused attention forward: kernel and host entry attention_fwd_cuda(q, k, v, doc_ids?, window, sink, scale) -> (out, lse).
 //
-// Tiling (FlashAttention-2 style). One block of 4 warps per (QT consecutive 64-query tiles, head,
-// batch row); each warp owns 16 rows of a tile and keeps their Q as mma A fragments in registers.
-// For each of its query tiles the block walks the 64-key tiles the tile can see, for each:
-//   S = Q K^T (16 x 64 fp32 per warp, mma.sync m16n8k16), mask, online softmax in registers,
+// Tiling (FlashAttention-2 style). One block of 4 warps per (query tile, head, batch row); each
+// warp owns MT consecutive 16-row m-tiles of the tile (MT = 1: 64-query tiles, Q kept in
+// registers as mma A fragments; MT = 2: 128-query tiles, Q read from shared memory at each
+// k-step, so each K and V fragment loaded feeds twice the products). The Q tile is loaded once
+// (cp.async); the block then walks the 64-key tiles it can see, for each:
+//   S = Q K^T (16 MT x 64 fp32 per warp, mma.sync m16n8k16), mask, online softmax in registers,
 //   O += P V with P converted in registers to the bf16 A operand (no trip through shared memory).
-// The walk is one stream of steps over all of the block's (query tile, key tile) pairs. K and V
-// are double-buffered: at the start of step j the block fetches (cp.async) the K and V tiles of
-// step j + 1, and the Q tile when step j + 1 starts a query tile, so each load has a whole step to
-// land and a step needs one barrier. Several query tiles per block (QT = 4 where a window limits
-// each tile to a few key tiles) keep that stream long: a tile's first loads are hidden behind the
-// last step of the one before. Q has one buffer: its fragments are taken at a tile's first step,
-// and the next tile's Q is fetched at its last (after one more barrier when that is the same step).
-// Shared memory: 87 KB a block for D = 128, within the 99 KB an sm_86 / sm_89 block may have.
+// K and V have one shared buffer each; the next K tile is fetched while softmax and P V run, the
+// next V tile while the next S = Q K^T runs (cp.async groups, see the loop). The host picks MT
+// (fwd_rows_per_warp): 2 unless a window of at most 128 keys would leave the larger tile mostly masked.
 //
-// Which key tiles are visited, for the query tile [q0, q0 + 64):
-//   * causal: none after the tile of key q0 + 63;
+// Which key tiles are visited, for the query tile [q0, q0 + BM):
+//   * causal: none after the tile of key q0 + BM - 1;
 //   * window: none before the tile of key q0 - window + 1 (the first key query q0 may see);
 //   * documents: from that range, only key tiles whose document-id range [min, max] meets the
 //     query tile's (ranges per 32 positions precomputed by doc_stats_kernel). The first such tile
@@ -37,256 +34,270 @@
 namespace tscale::attn {
 namespace {
 
-template <int D>
+template <int D, int MT>
 struct FwdLayout {
-  static constexpr int kBM = kWarps * 16;                                 // queries per tile
+  static constexpr int kBM = kWarps * 16 * MT;                            // queries per block
   static constexpr int kPitch = D + kPad;                                 // bf16 per shared row
-  static constexpr size_t kTileBytes = size_t{kTile} * kPitch * 2;        // one (64, D) query, key or value tile
-  static constexpr size_t kQ = 0, kK = kQ + kTileBytes;                   // Q, K [2], V [2]
-  static constexpr size_t kV = kK + 2 * kTileBytes;
-  static constexpr size_t kKeyDocs = kV + 2 * kTileBytes;                // int32 [2][kTile], with K's buffers
+  static constexpr size_t kTileBytes = size_t{kTile} * kPitch * 2;        // one (64, D) key or value tile
+  static constexpr size_t kQ = 0, kK = kQ + size_t{kBM} * kPitch * 2, kV = kK + kTileBytes;
+  static constexpr size_t kKeyDocs = kV + kTileBytes;                    // int32 [2][kTile], by step parity
   static constexpr size_t kSlot = kKeyDocs + 2 * kTile * sizeof(int32_t);  // one int for block_extreme
   static constexpr size_t kBytes = kSlot + 16;
-  static_assert(kBM == kTile, "a query tile is one 64-row tile");
 };
 
-// QT: query tiles per block, consecutive, of one (batch row, head).
-template <int D, int QT>
+// MT: 16-row m-tiles per warp (1 or 2). With 1 the warp keeps its Q rows in registers; with 2
+// it reads them from shared memory at each k-step and every K or V fragment feeds MT tiles.
+template <int D, int MT>
 __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const FwdParams p) {
-  using L = FwdLayout<D>;
+  using L = FwdLayout<D, MT>;
   constexpr int P = L::kPitch, BM = L::kBM;
   constexpr int kNB = kTile / 8;  // n8-blocks of keys in S
   constexpr int kDB = D / 8;      // n8-blocks of head dims in O
+  constexpr bool kQInRegs = MT == 1;
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
   const uint32_t base = smem_addr(smem);
-  const uint32_t q_s = base + L::kQ;  // (64, D) queries of the current (or, at its last step, the next) tile
-  auto k_buf = [&](int i) { return base + static_cast<uint32_t>(L::kK + i * L::kTileBytes); };  // (64, D) keys
-  auto v_buf = [&](int i) { return base + static_cast<uint32_t>(L::kV + i * L::kTileBytes); };  // (64, D) values
+  const uint32_t q_s = base + L::kQ;  // (BM, D) queries
+  const uint32_t k_s = base + L::kK;  // (64, D) keys of the current tile
+  const uint32_t v_s = base + L::kV;  // (64, D) values of the current tile
   int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
   const int n_qtiles = (T + BM - 1) / BM, n_ktiles = (T + kTile - 1) / kTile;
-  const int n_groups = (n_qtiles + QT - 1) / QT;
-  const int group = n_groups - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
-  const int qt_end = imin(n_qtiles, (group + 1) * QT);
+  const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
   const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = qt * BM;
+  const int last = imin((q0 + BM - 1) / kTile, n_ktiles - 1);  // causal: no key tile after this one
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
   const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-  uint16_t* og = p.o + bh * T * D;
-  float* lse = p.lse + bh * T;
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
   const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
   const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  auto query_range = [&](int qt) { return docs ? doc_range(dmin, dmax, qt * BM, BM, p.n_stat) : DocRange{0, 0}; };
+  const DocRange qd = docs ? doc_range(dmin, dmax, q0, BM, p.n_stat) : DocRange{0, 0};
   auto key_range = [&](int t) { return docs ? doc_range(dmin, dmax, t * kTile, kTile, p.n_stat) : DocRange{0, 0}; };
-  auto last_key_tile = [&](int qt) { return imin((qt * BM + BM - 1) / kTile, n_ktiles - 1); };  // causal bound
+  auto tile_seen = [&](int t) { return !docs || overlaps(qd, key_range(t)); };
 
-  // First key tile of query tile qt: the window's, then the first whose documents meet the tile's
-  // (the tile of its first query always does). Every thread of the block must call it.
-  auto first_key_tile = [&](int qt) {
-    const int q0 = qt * BM;
-    const int first = window > 0 ? imax(0, q0 - window + 1) / kTile : 0;
-    if (!docs) return first;
-    const DocRange qd = query_range(qt);
+  // First key tile: the window's, then the first whose documents meet ours (the tile of q0 always does).
+  int first = window > 0 ? imax(0, q0 - window + 1) / kTile : 0;
+  if (docs) {
     const int own = q0 / kTile;
     int mine = own;
     for (int t = first + tid; t < own; t += kThreads) {
-      if (overlaps(qd, key_range(t))) {
+      if (tile_seen(t)) {
         mine = t;
         break;  // this thread's later candidates are larger
       }
     }
-    return block_extreme(slot, true, mine, own, /*is_min=*/true);
+    first = block_extreme(slot, true, mine, own, /*is_min=*/true);
+  }
+  auto next_tile = [&](int t) {  // the next key tile to visit after t, or -1
+    for (++t; t <= last; ++t)
+      if (tile_seen(t)) return t;
+    return -1;
   };
-  auto fetch_keys = [&](int t, int buf) {  // K and V tile t, and the keys' document ids, into buffer buf
-    load_tile<kTile, D>(k_buf(buf), kg, p.sk.t, t * kTile, T, tid);
-    load_tile<kTile, D>(v_buf(buf), vg, p.sv.t, t * kTile, T, tid);
+  auto fetch_keys = [&](int t, int parity) {
+    load_tile<kTile, D>(k_s, kg, p.sk.t, t * kTile, T, tid);
     if (docs) {
       for (int i = tid; i < kTile; i += kThreads) {
         const int j = t * kTile + i;
-        key_docs[buf * kTile + i] = j < T ? doc[j] : INT_MIN;
+        key_docs[parity * kTile + i] = j < T ? doc[j] : INT_MIN;
       }
     }
   };
 
-  // The current query tile: its first query, document range and last key tile, and this thread's
-  // rows (half r: rows g and g + 8 of the warp's 16) with their document ids.
-  int qt = group * QT, q0 = qt * BM, last = last_key_tile(qt);
-  DocRange qd = query_range(qt);
-  const int wrow = warp * 16;  // the warp's first row within the tile
-  auto row_of = [&](int r) { return q0 + wrow + r * 8 + g; };
-  int rdoc[2];
-  uint32_t qf[D / 16][4];  // the warp's Q rows as A fragments, per k-step of 16 dims
-  float o[kDB][4];         // O accumulator: 16 rows x D
-  float m[2], l[2];        // running max (log2 domain) and this thread's share of the sums
-
-  // Prologue: the first step's Q, K and V, one group.
-  int t = first_key_tile(qt);
+  // Prologue: group 1 = Q + K(first), group 2 = V(first).
   load_tile<BM, D>(q_s, qg, p.sq.t, q0, T, tid);
-  fetch_keys(t, 0);
+  fetch_keys(first, 0);
+  cp_async_commit();
+  load_tile<kTile, D>(v_s, vg, p.sv.t, first * kTile, T, tid);
   cp_async_commit();
 
-  bool tile_start = true;
-  for (int step = 0;; ++step) {
-    const int buf = step & 1;
-    // The next step: the next key tile this query tile sees, else the first of the next query tile.
-    int nt = t + 1;
-    while (nt <= last && docs && !overlaps(qd, key_range(nt))) ++nt;
-    const bool tile_ends = nt > last;
-    const bool more = !tile_ends || qt + 1 < qt_end;
-    if (tile_ends && more) nt = first_key_tile(qt + 1);
+  // This thread's query rows: m-tile mt, half r (rows g and g + 8 of the tile).
+  const int wrow = warp * 16 * MT;  // the warp's first row within the block
+  auto row_of = [&](int mt, int r) { return q0 + wrow + mt * 16 + r * 8 + g; };
+  int rdoc[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rdoc[mt][r] = docs && row_of(mt, r) < T ? doc[row_of(mt, r)] : -1;
+  }
 
-    cp_async_wait<0>();  // this step's loads (fetched during the last one) are in
-    __syncthreads();     // ... for every thread, and every warp is done with the other buffers
-    if (tile_start) {
+  uint32_t qf[kQInRegs ? D / 16 : 1][4];  // MT == 1: Q rows of this warp as A fragments, per k-step of 16 dims
+  float o[MT][kDB][4];                      // O accumulator: 16 MT rows x D
+  float m[MT][2], l[MT][2];                 // running max (log2 domain) and this thread's share of the sums
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[mt][r] = p.sink ? 0.f : -INFINITY;
+      l[mt][r] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kDB; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+  }
+
+  int t = first;
+  for (int step = 0; t >= 0; ++step) {
+    const int parity = step & 1;
+    const int nt = next_tile(t);
+    cp_async_wait<1>();  // all but the newest group (V(t)) are in: K(t), and Q on the first step
+    __syncthreads();
+    if (kQInRegs && step == 0) {
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) load_a(qf[kd], q_s, P, wrow, kd * 16, lane);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        rdoc[r] = docs && row_of(r) < T ? doc[row_of(r)] : -1;
-        m[r] = p.sink ? 0.f : -INFINITY;
-        l[r] = 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kDB; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     }
-    if (more) {
-      if (tile_ends) {
-        if (tile_start) __syncthreads();  // a one-step tile: every warp has its Q fragments first
-        load_tile<BM, D>(q_s, qg, p.sq.t, (qt + 1) * BM, T, tid);
-      }
-      fetch_keys(nt, buf ^ 1);
-    }
-    cp_async_commit();
 
-    float s[kNB][4];  // S = Q K^T: 16 rows x 64 keys per warp
+    float s[MT][kNB][4];  // S = Q K^T: 16 MT rows x 64 keys per warp
 #pragma unroll
-    for (int j = 0; j < kNB; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < kNB; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+    }
 #pragma unroll
     for (int kd = 0; kd < D / 16; ++kd) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[mt][i] = qf[kd][i];
+        } else {
+          load_a(qa[mt], q_s, P, wrow + mt * 16, kd * 16, lane);
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kNB / 2; ++np) {
         uint32_t bf[4];
-        load_b_nk(bf, k_buf(buf), P, np * 16, kd * 16, lane);
-        mma_bf16(s[2 * np], qf[kd], bf[0], bf[1]);
-        mma_bf16(s[2 * np + 1], qf[kd], bf[2], bf[3]);
+        load_b_nk(bf, k_s, P, np * 16, kd * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(s[mt][2 * np], qa[mt], bf[0], bf[1]);
+          mma_bf16(s[mt][2 * np + 1], qa[mt], bf[2], bf[3]);
+        }
       }
     }
+    __syncthreads();  // every warp is done with k_s: fetch the next K tile into it
+    if (nt >= 0) fetch_keys(nt, parity ^ 1);
+    cp_async_commit();
 
-    // Mask, then online softmax (s[.][0..1]: row g, s[.][2..3]: row g + 8).
+    // Mask, then online softmax on each m-tile's rows (s[mt][.][0..1]: row g, s[mt][.][2..3]: row g + 8).
     const int k0 = t * kTile;
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, key_range(t));
-    const int32_t* kdocs = key_docs + buf * kTile;
+    const int32_t* kdocs = key_docs + parity * kTile;
 #pragma unroll
-    for (int j = 0; j < kNB; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[j][e] * p.scale_log2;
-        if (!full) {
-          const int key = k0 + j * 8 + t4 * 2 + (e & 1);
-          const int r = e >> 1;
-          if (!visible(row_of(r), key, T, window, docs, rdoc[r], docs ? kdocs[key - k0] : 0)) x = -INFINITY;
-        }
-        s[j][e] = x;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
-      mx = fmaxf(mx, warp_xor(mx, 2));
-      const float ref = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
-      const float alpha = exp2f(m[r] - ref);         // rescales what was summed against the old max
-      m[r] = mx;
-      float sum = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int j = 0; j < kNB; ++j) {
-        s[j][2 * r] = exp2f(s[j][2 * r] - ref);
-        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - ref);
-        sum += s[j][2 * r] + s[j][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + sum;
 #pragma unroll
-      for (int j = 0; j < kDB; ++j) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
+        for (int e = 0; e < 4; ++e) {
+          float x = s[mt][j][e] * p.scale_log2;
+          if (!full) {
+            const int key = k0 + j * 8 + t4 * 2 + (e & 1);
+            const int r = e >> 1;
+            if (!visible(row_of(mt, r), key, T, window, docs, rdoc[mt][r], docs ? kdocs[key - k0] : 0)) x = -INFINITY;
+          }
+          s[mt][j][e] = x;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mt][r];
+#pragma unroll
+        for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+        mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
+        mx = fmaxf(mx, warp_xor(mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
+        const float alpha = exp2f(m[mt][r] - base);     // rescales what was summed against the old max
+        m[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNB; ++j) {
+          s[mt][j][2 * r] = exp2f(s[mt][j][2 * r] - base);
+          s[mt][j][2 * r + 1] = exp2f(s[mt][j][2 * r + 1] - base);
+          sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+        }
+        l[mt][r] = l[mt][r] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < kDB; ++j) {
+          o[mt][j][2 * r] *= alpha;
+          o[mt][j][2 * r + 1] *= alpha;
+        }
       }
     }
 
+    cp_async_wait<1>();  // all but the newest group (K(nt)) are in: V(t)
+    __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kTile / 16; ++ks) {  // O += P V, 16 keys per k-step
-      uint32_t a[4];
-      acc_to_a(a, s[2 * ks], s[2 * ks + 1]);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) acc_to_a(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t bf[4];
-        load_b_kn(bf, v_buf(buf), P, ks * 16, dp * 16, lane);
-        mma_bf16(o[2 * dp], a, bf[0], bf[1]);
-        mma_bf16(o[2 * dp + 1], a, bf[2], bf[3]);
-      }
-    }
-
-    tile_start = tile_ends;
-    if (tile_ends) {  // O / denominator and the logsumexp of the tile, for rows inside T
+        load_b_kn(bf, v_s, P, ks * 16, dp * 16, lane);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float sum = l[r];
-        sum += warp_xor(sum, 1);
-        sum += warp_xor(sum, 2);
-        const float mx = m[r] == -INFINITY ? 0.f : m[r];
-        if (p.sink) sum += exp2f(-mx);  // the null slot: logit 0, value 0
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int rw = row_of(r);
-        if (rw < T) {
-          uint16_t* orow = og + static_cast<int64_t>(rw) * D;
-#pragma unroll
-          for (int j = 0; j < kDB; ++j) {
-            *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-          }
-          if (t4 == 0) lse[rw] = sum > 0.f ? (mx + log2f(sum)) * kLn2 : INFINITY;
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(o[mt][2 * dp], a[mt], bf[0], bf[1]);
+          mma_bf16(o[mt][2 * dp + 1], a[mt], bf[2], bf[3]);
         }
       }
-      if (!more) break;
-      ++qt;
-      q0 = qt * BM;
-      last = last_key_tile(qt);
-      qd = query_range(qt);
     }
+    __syncthreads();  // every warp is done with v_s: fetch the next V tile into it
+    if (nt >= 0) load_tile<kTile, D>(v_s, vg, p.sv.t, nt * kTile, T, tid);
+    cp_async_commit();
     t = nt;
   }
-  cp_async_wait<0>();  // only an empty group remains; leave nothing in flight
-}
+  cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
 
-// Query tiles per block: TSCALE_ATTENTION_FWD_TILES=1 or 4 if set (for benchmarks and tests), else 4
-// where a window of at most 256 keys limits each query tile to a few key tiles, 1 otherwise (causal
-// rows are long enough, and one tile per block balances their unequal lengths best).
-inline int fwd_query_tiles(int window) {
-  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_TILES")) {
-    const int tiles = std::atoi(env);
-    TORCH_CHECK(tiles == 1 || tiles == 4, "TSCALE_ATTENTION_FWD_TILES must be 1 or 4, got '", env, "'");
-    return tiles;
+  // Epilogue: O / denominator and the logsumexp, for rows inside T.
+  uint16_t* og = p.o + bh * T * D;
+  float* lse = p.lse + bh * T;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += warp_xor(sum, 1);
+      sum += warp_xor(sum, 2);
+      const float base = m[mt][r] == -INFINITY ? 0.f : m[mt][r];
+      if (p.sink) sum += exp2f(-base);  // the null slot: logit 0, value 0
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int rw = row_of(mt, r);
+      if (rw < T) {
+        uint16_t* orow = og + static_cast<int64_t>(rw) * D;
+#pragma unroll
+        for (int j = 0; j < kDB; ++j) {
+          *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
+              pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
+        }
+        if (t4 == 0) lse[rw] = sum > 0.f ? (base + log2f(sum)) * kLn2 : INFINITY;
+      }
+    }
   }
-  return window > 0 && window <= 4 * kTile ? 4 : 1;
 }
 
-template <int D, int QT>
+// Rows per warp of the forward: TSCALE_ATTENTION_FWD_ROWS=16 or 32 if set (for benchmarks and
+// tests), else 32 (two m-tiles, 128-query blocks) unless a short window would leave the larger
+// block mostly masked.
+inline int fwd_rows_per_warp(int window) {
+  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_ROWS")) {
+    const int rows = std::atoi(env);
+    TORCH_CHECK(rows == 16 || rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", env, "'");
+    return rows;
+  }
+  return window > 0 && window <= 2 * kTile ? 16 : 32;
+}
+
+template <int D, int MT>
 void launch_fwd(const FwdParams& p) {
-  const int n_qtiles = (p.T + FwdLayout<D>::kBM - 1) / FwdLayout<D>::kBM;
-  const dim3 grid((n_qtiles + QT - 1) / QT, p.H, p.B);
-  launch_kernel(attention_fwd_kernel<D, QT>, grid, dim3(kThreads), FwdLayout<D>::kBytes, p);
-}
-
-template <int D>
-void launch_fwd_for(const FwdParams& p) {
-  fwd_query_tiles(p.window) == 4 ? launch_fwd<D, 4>(p) : launch_fwd<D, 1>(p);
+  const dim3 grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
+  launch_kernel(attention_fwd_kernel<D, MT>, grid, dim3(kThreads), FwdLayout<D, MT>::kBytes, p);
 }
 
 // The op tscale::attention_fwd_cuda: out bf16 (B, H, T, D) and lse fp32 (B, H, T), contiguous.
@@ -326,10 +337,11 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, co
     p.doc_min = stats.dmin.data_ptr<int32_t>();
     p.doc_max = stats.dmax.data_ptr<int32_t>();
   }
+  const bool two = fwd_rows_per_warp(p.window) == 32;
   if (D == 64)
-    launch_fwd_for<64>(p);
+    two ? launch_fwd<64, 2>(p) : launch_fwd<64, 1>(p);
   else
-    launch_fwd_for<128>(p);
+    two ? launch_fwd<128, 2>(p) : launch_fwd<128, 1>(p);
   return {out, lse};
 }
 
