@@ -47,13 +47,15 @@ struct FwdLayout {
 
 // MT: 16-row m-tiles per warp (1 or 2). With 1 the warp keeps its Q rows in registers; with 2
 // it reads them from shared memory at each k-step and every K or V fragment feeds MT tiles.
-template <int D, int MT>
-__global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const FwdParams p) {
+// MIN_BLOCKS: blocks per multiprocessor the registers must leave room for (__launch_bounds__); with 3
+// the Q rows are read from shared memory at each k-step (MT = 1 only), to fit the register budget.
+template <int D, int MT, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(const FwdParams p) {
   using L = FwdLayout<D, MT>;
   constexpr int P = L::kPitch, BM = L::kBM;
   constexpr int kNB = kTile / 8;  // n8-blocks of keys in S
   constexpr int kDB = D / 8;      // n8-blocks of head dims in O
-  constexpr bool kQInRegs = MT == 1;
+  constexpr bool kQInRegs = MT == 1 && MIN_BLOCKS < 3;
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
   const uint32_t base = smem_addr(smem);
   const uint32_t q_s = base + L::kQ;  // (BM, D) queries
@@ -294,10 +296,30 @@ inline int fwd_rows_per_warp(int window) {
   return window > 0 && window <= 2 * kTile ? 16 : 32;
 }
 
-template <int D, int MT>
+// Blocks per multiprocessor the forward's registers leave room for: TSCALE_ATTENTION_FWD_BLOCKS=2 or 3
+// (64-query tiles only; for benchmarks and tests), else 2.
+inline int fwd_min_blocks() {
+  const char* env = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS");
+  if (env == nullptr) return 2;
+  const int blocks = std::atoi(env);
+  TORCH_CHECK(blocks == 2 || blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", env, "'");
+  return blocks;
+}
+
+template <int D, int MT, int MIN_BLOCKS = 2>
 void launch_fwd(const FwdParams& p) {
   const dim3 grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
-  launch_kernel(attention_fwd_kernel<D, MT>, grid, dim3(kThreads), FwdLayout<D, MT>::kBytes, p);
+  launch_kernel(attention_fwd_kernel<D, MT, MIN_BLOCKS>, grid, dim3(kThreads), FwdLayout<D, MT>::kBytes, p);
+}
+
+template <int D>
+void launch_fwd_for(const FwdParams& p) {
+  if (fwd_rows_per_warp(p.window) == 32)
+    launch_fwd<D, 2>(p);
+  else if (fwd_min_blocks() == 3)
+    launch_fwd<D, 1, 3>(p);
+  else
+    launch_fwd<D, 1>(p);
 }
 
 // The op tscale::attention_fwd_cuda: out bf16 (B, H, T, D) and lse fp32 (B, H, T), contiguous.
@@ -337,11 +359,10 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, co
     p.doc_min = stats.dmin.data_ptr<int32_t>();
     p.doc_max = stats.dmax.data_ptr<int32_t>();
   }
-  const bool two = fwd_rows_per_warp(p.window) == 32;
   if (D == 64)
-    two ? launch_fwd<64, 2>(p) : launch_fwd<64, 1>(p);
+    launch_fwd_for<64>(p);
   else
-    two ? launch_fwd<128, 2>(p) : launch_fwd<128, 1>(p);
+    launch_fwd_for<128>(p);
   return {out, lse};
 }
 
