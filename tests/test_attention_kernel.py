@@ -25,6 +25,16 @@ from tscale.ops.backend import cuda_kernels_available, kernels_available
 
 TOL = 2.5e-2
 
+
+def _set_forward_config(fwd: str, monkeypatch) -> None:
+    """The forward's configuration, "ROWS-BLOCKS" (rows per warp: 64- or 128-query tiles; blocks per
+    multiprocessor its registers leave room for), or "auto" for the kernel's own choice."""
+    if fwd != "auto":
+        rows, blocks = fwd.split("-")
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", rows)
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
+
+
 needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_kernels_available()),
                                   reason="needs a CUDA GPU and tscale._C built with its CUDA kernels")
 needs_sm80 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0),
@@ -87,10 +97,9 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd_rows", ["auto", "16", "32"])
-def test_kernel_shapes(B, H, T, D, fwd_rows, monkeypatch):
-    if fwd_rows != "auto":
-        monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", fwd_rows)
+@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3"])
+def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
+    _set_forward_config(fwd, monkeypatch)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
     _check_kernel(*case, window=128, sink=True)
     _check_kernel(*case[:4], None, window=0, sink=False)
@@ -178,11 +187,11 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
 ]
 
 
-@pytest.mark.parametrize("fwd_rows", ["16", "32"])  # the forward's rows per warp (64- or 128-query blocks)
+@pytest.mark.parametrize("fwd", ["16-2", "32-2", "16-3"])
 @pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd_rows, monkeypatch):
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", fwd_rows)
+def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
+    _set_forward_config(fwd, monkeypatch)
     B, H, T, D, window, layout, sink = case
     emu.set_seed(T + copy_mode)
     emu.set_copy_mode(copy_mode)
@@ -193,6 +202,18 @@ def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd_rows, monke
     dq, dk, dv = emu.bwd(do, q, k, v, out, lse, docs32, window, sink, D ** -0.5)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), _reference(q, k, v, do, **kw)):
         _assert_close(name, a, b)
+
+
+def test_emulated_forward_config_is_checked(emu, monkeypatch):
+    """Three blocks a multiprocessor exist only for 64-query tiles; a bad override names its variable."""
+    q, k, v, _, _ = _case(1, 1, 64, 128, "none")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "32")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
+    with pytest.raises(RuntimeError, match="needs 16 rows per warp"):
+        emu.fwd(q, k, v, None, 0, False, 0.125)
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "4")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3"):
+        emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
 def test_emulated_kernel_strided_inputs(emu):

@@ -1,15 +1,20 @@
 // The fused attention forward: kernel and host entry attention_fwd_cuda(q, k, v, doc_ids?, window, sink, scale) -> (out, lse).
 //
 // Tiling (FlashAttention-2 style). One block of 4 warps per (query tile, head, batch row); each
-// warp owns MT consecutive 16-row m-tiles of the tile (MT = 1: 64-query tiles, Q kept in
-// registers as mma A fragments; MT = 2: 128-query tiles, Q read from shared memory at each
-// k-step, so each K and V fragment loaded feeds twice the products). The Q tile is loaded once
+// warp owns MT consecutive 16-row m-tiles of the tile (MT = 1: 64-query tiles; MT = 2: 128-query
+// tiles, so each K and V fragment loaded feeds twice the products). The Q tile is loaded once
 // (cp.async); the block then walks the 64-key tiles it can see, for each:
 //   S = Q K^T (16 MT x 64 fp32 per warp, mma.sync m16n8k16), mask, online softmax in registers,
 //   O += P V with P converted in registers to the bf16 A operand (no trip through shared memory).
 // K and V have one shared buffer each; the next K tile is fetched while softmax and P V run, the
-// next V tile while the next S = Q K^T runs (cp.async groups, see the loop). The host picks MT
-// (fwd_rows_per_warp): 2 unless a window of at most 128 keys would leave the larger tile mostly masked.
+// next V tile while the next S = Q K^T runs (cp.async groups, see the loop).
+// The kernel is bound by the latency of its dependent instructions, so what matters most is how
+// many warps a multiprocessor holds, and registers set that (docs/BENCHMARKS.md, "Where the
+// kernel's time goes"). MIN_BLOCKS = 3 caps them at 168 a thread for three blocks (12 warps)
+// per multiprocessor instead of two; Q is then read from shared memory at each k-step instead of
+// being held as A fragments. The host (fwd_config) takes 64-query tiles and three blocks for
+// head dim 128, and for 64 keeps the earlier choice: 128-query tiles unless a window of at most
+// 128 keys would leave the larger tile mostly masked, Q in registers with 64-query tiles.
 //
 // Which key tiles are visited, for the query tile [q0, q0 + BM):
 //   * causal: none after the tile of key q0 + BM - 1;
@@ -45,10 +50,9 @@ struct FwdLayout {
   static constexpr size_t kBytes = kSlot + 16;
 };
 
-// MT: 16-row m-tiles per warp (1 or 2). With 1 the warp keeps its Q rows in registers; with 2
-// it reads them from shared memory at each k-step and every K or V fragment feeds MT tiles.
-// MIN_BLOCKS: blocks per multiprocessor the registers must leave room for (__launch_bounds__); with 3
-// the Q rows are read from shared memory at each k-step (MT = 1 only), to fit the register budget.
+// MT: 16-row m-tiles per warp (1 or 2). MIN_BLOCKS: blocks per multiprocessor the registers must
+// leave room for (__launch_bounds__). Q rows stay in registers as A fragments only with MT = 1 and
+// MIN_BLOCKS = 2; otherwise they are read from shared memory at each k-step.
 template <int D, int MT, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(const FwdParams p) {
   using L = FwdLayout<D, MT>;
@@ -129,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     for (int r = 0; r < 2; ++r) rdoc[mt][r] = docs && row_of(mt, r) < T ? doc[row_of(mt, r)] : -1;
   }
 
-  uint32_t qf[kQInRegs ? D / 16 : 1][4];  // MT == 1: Q rows of this warp as A fragments, per k-step of 16 dims
+  uint32_t qf[kQInRegs ? D / 16 : 1][4];  // kQInRegs: Q rows of this warp as A fragments, per k-step of 16 dims
   float o[MT][kDB][4];                      // O accumulator: 16 MT rows x D
   float m[MT][2], l[MT][2];                 // running max (log2 domain) and this thread's share of the sums
 #pragma unroll
@@ -284,26 +288,28 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   }
 }
 
-// Rows per warp of the forward: TSCALE_ATTENTION_FWD_ROWS=16 or 32 if set (for benchmarks and
-// tests), else 32 (two m-tiles, 128-query blocks) unless a short window would leave the larger
-// block mostly masked.
-inline int fwd_rows_per_warp(int window) {
-  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_ROWS")) {
-    const int rows = std::atoi(env);
-    TORCH_CHECK(rows == 16 || rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", env, "'");
-    return rows;
-  }
-  return window > 0 && window <= 2 * kTile ? 16 : 32;
-}
+// The forward's configuration: rows per warp (16: 64-query tiles, 32: 128-query tiles) and the
+// blocks per multiprocessor its registers leave room for (2, or 3 with Q read from shared memory).
+struct FwdConfig {
+  int rows, blocks;
+};
 
-// Blocks per multiprocessor the forward's registers leave room for: TSCALE_ATTENTION_FWD_BLOCKS=2 or 3
-// (64-query tiles only; for benchmarks and tests), else 2.
-inline int fwd_min_blocks() {
-  const char* env = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS");
-  if (env == nullptr) return 2;
-  const int blocks = std::atoi(env);
-  TORCH_CHECK(blocks == 2 || blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", env, "'");
-  return blocks;
+// TSCALE_ATTENTION_FWD_ROWS=16|32 and TSCALE_ATTENTION_FWD_BLOCKS=2|3 override the choice (for benchmarks
+// and tests; three blocks only with 16 rows). Head dim 128: 16 rows, 3 blocks (measured faster on every
+// mask, docs/BENCHMARKS.md). Head dim 64: 2 blocks, and 32 rows unless a window of at most 128 keys.
+inline FwdConfig fwd_config(int D, int window) {
+  FwdConfig c = D == 128 ? FwdConfig{16, 3} : FwdConfig{window > 0 && window <= 2 * kTile ? 16 : 32, 2};
+  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_ROWS")) {
+    c.rows = std::atoi(env);
+    TORCH_CHECK(c.rows == 16 || c.rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", env, "'");
+    if (c.rows == 32) c.blocks = 2;
+  }
+  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS")) {
+    c.blocks = std::atoi(env);
+    TORCH_CHECK(c.blocks == 2 || c.blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", env, "'");
+    TORCH_CHECK(c.blocks == 2 || c.rows == 16, "TSCALE_ATTENTION_FWD_BLOCKS=3 needs 16 rows per warp");
+  }
+  return c;
 }
 
 template <int D, int MT, int MIN_BLOCKS = 2>
@@ -314,9 +320,10 @@ void launch_fwd(const FwdParams& p) {
 
 template <int D>
 void launch_fwd_for(const FwdParams& p) {
-  if (fwd_rows_per_warp(p.window) == 32)
+  const FwdConfig c = fwd_config(D, p.window);
+  if (c.rows == 32)
     launch_fwd<D, 2>(p);
-  else if (fwd_min_blocks() == 3)
+  else if (c.blocks == 3)
     launch_fwd<D, 1, 3>(p);
   else
     launch_fwd<D, 1>(p);
