@@ -26,19 +26,13 @@ from tscale.ops.backend import cuda_kernels_available, kernels_available
 TOL = 2.5e-2
 
 
-CONFIGS = ["auto", "16-2/1-32", "32-2/2-16", "16-3/2-32"]  # forward ROWS-BLOCKS / backward SPLIT-BM (head dim 128)
-
-
-def _set_kernel_config(config: str, monkeypatch) -> None:
-    """The kernels' configuration, "auto" for their own choice or "FWD/BWD": the forward's "ROWS-BLOCKS"
-    (rows per warp: 64- or 128-query tiles; blocks per multiprocessor its registers leave room for) and
-    the backward's "SPLIT-BM" (parts of the head dims per key row; queries per step), head dim 128."""
-    if config != "auto":
-        fwd, bwd = config.split("/")
+def _set_forward_config(fwd: str, monkeypatch) -> None:
+    """The forward's configuration, "ROWS-BLOCKS" (rows per warp: 64- or 128-query tiles; blocks per
+    multiprocessor its registers leave room for), or "auto" for the kernel's own choice."""
+    if fwd != "auto":
         rows, blocks = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", rows)
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
-        monkeypatch.setenv("TSCALE_ATTENTION_BWD", bwd)
 
 
 needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_kernels_available()),
@@ -103,9 +97,9 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("config", CONFIGS)
-def test_kernel_shapes(B, H, T, D, config, monkeypatch):
-    _set_kernel_config(config, monkeypatch)
+@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3"])
+def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
+    _set_forward_config(fwd, monkeypatch)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
     _check_kernel(*case, window=128, sink=True)
     _check_kernel(*case[:4], None, window=0, sink=False)
@@ -193,11 +187,11 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
 ]
 
 
-@pytest.mark.parametrize("config", CONFIGS[1:])
+@pytest.mark.parametrize("fwd", ["16-2", "32-2", "16-3"])
 @pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_emulated_kernel_matches_reference(emu, case, copy_mode, config, monkeypatch):
-    _set_kernel_config(config, monkeypatch)
+def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
+    _set_forward_config(fwd, monkeypatch)
     B, H, T, D, window, layout, sink = case
     emu.set_seed(T + copy_mode)
     emu.set_copy_mode(copy_mode)
@@ -210,8 +204,8 @@ def test_emulated_kernel_matches_reference(emu, case, copy_mode, config, monkeyp
         _assert_close(name, a, b)
 
 
-def test_emulated_kernel_config_is_checked(emu, monkeypatch):
-    """Three forward blocks a multiprocessor exist only for 64-query tiles; a bad override names its variable."""
+def test_emulated_forward_config_is_checked(emu, monkeypatch):
+    """Three blocks a multiprocessor exist only for 64-query tiles; a bad override names its variable."""
     q, k, v, _, _ = _case(1, 1, 64, 128, "none")
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "32")
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
@@ -220,12 +214,6 @@ def test_emulated_kernel_config_is_checked(emu, monkeypatch):
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "4")
     with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3"):
         emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.delenv("TSCALE_ATTENTION_FWD_ROWS")
-    monkeypatch.delenv("TSCALE_ATTENTION_FWD_BLOCKS")
-    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD", "2-64")
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_BWD must be 1-32, 2-16 or 2-32"):
-        emu.bwd(q, k, v, q, out, lse, None, 0, False, 0.125)
 
 
 def test_emulated_kernel_strided_inputs(emu):

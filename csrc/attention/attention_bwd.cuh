@@ -3,19 +3,16 @@
 // Three kernels, in order:
 //   1. delta: Delta = rowsum(dO * O) per query row (one warp per row), fp32 (B, H, T); the same
 //      warp zeroes the row's share of dq_accum.
-//   2. main: one block per (64-key tile, head, batch row) of 4 x SPLIT warps; warp w owns key rows
-//      16 (w % 4).. +15 and, of dK and dV, the head dims of part w / 4 of SPLIT (SPLIT = 2 halves
-//      the accumulators a thread holds, so more warps fit a multiprocessor; each half then
-//      computes S^T and dP^T whole, a duplicate of two of the five products). K and V stay in
-//      shared memory; the block walks the query tiles (BM queries each) that can see its keys:
+//   2. main: one block of 4 warps per (64-key tile, head, batch row); warp w owns key rows
+//      16w..16w+15. K and V stay in shared memory; the block walks the query tiles (BM = 64
+//      queries for D = 64, 32 for D = 128, to keep dK and dV in registers) that can see its keys:
 //        S^T = K Q^T, P^T = exp2(S^T * scale * log2 e - lse * log2 e) (masked), dP^T = V dO^T,
 //        dS^T = P^T * (dP^T - Delta)                      (all 16 x BM per warp, registers)
 //        dV += P^T dO,  dK += dS^T Q                      (P^T, dS^T reused as bf16 A operands)
 //        dQ(tile) += dS K                                 (dS^T through shared memory, then fp32
 //                                                          atomicAdd into dq_accum)
 //      The next query tile (Q, dO, lse, Delta, doc ids; double-buffered) is fetched while the
-//      current one is processed. The host picks (SPLIT, BM) (bwd_config): (1, 64) for D = 64;
-//      for D = 128 (1, 32) unless TSCALE_ATTENTION_BWD says otherwise.
+//      current one is processed.
 //   3. dq: dq = scale * dq_accum as bf16 (B, H, T, D).
 // dQ is accumulated with atomics (no second pass that would recompute S and dP): dq_accum holds,
 // for each 16-query x 8-dim block of each (b, h), its 128 floats in mma accumulator order
@@ -29,17 +26,15 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "attention_host.h"
 
 namespace tscale::attn {
 namespace {
 
-template <int D, int BM>
+template <int D>
 struct BwdLayout {
-  static constexpr int kBM = BM;  // queries per step
+  static constexpr int kBM = D == 128 ? 32 : 64;  // queries per step
   static constexpr int kPitch = D + kPad;
   static constexpr int kDsPitch = kBM + kPad;
   static constexpr size_t kKVBytes = size_t{kTile} * kPitch * 2;
@@ -78,20 +73,17 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
   for (int64_t i = t * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
 }
 
-// SPLIT: parts of the head dims of dK and dV per key row (1 or 2), each held by its own warp.
-template <int D, int BM, int SPLIT>
-__global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(const BwdParams p) {
-  using L = BwdLayout<D, BM>;
-  constexpr int NT = kThreads * SPLIT;        // threads per block
-  constexpr int P = L::kPitch, PS = L::kDsPitch;
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams p) {
+  using L = BwdLayout<D>;
+  constexpr int BM = L::kBM, P = L::kPitch, PS = L::kDsPitch;
   constexpr int kQB = BM / 8;                 // n8-blocks of queries in S^T
-  constexpr int kDH = D / SPLIT;              // head dims of dK, dV per warp
-  constexpr int kDB = kDH / 8;                // n8-blocks of them
+  constexpr int kDB = D / 8;                  // n8-blocks of head dims in dK, dV
   constexpr int kWM = BM / 16;                // dQ: warps as kWM (16-query rows) x kWN (column slices)
-  constexpr int kWN = kWarps * SPLIT / kWM;
+  constexpr int kWN = kWarps / kWM;
   constexpr int kDQCols = D / kWN;
   constexpr int kDQB = kDQCols / 8;
-  static_assert(kWM * kWN == kWarps * SPLIT && kDQB % 2 == 0, "dQ warp layout");
+  static_assert(kWM * kWN == kWarps && kDQB % 2 == 0, "dQ warp layout");
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
   const uint32_t base = smem_addr(smem);
   const uint32_t k_s = base + L::kK;    // (64, D) keys of this block
@@ -106,7 +98,6 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
-  const int kw = warp % kWarps, d0 = (warp / kWarps) * kDH;  // this warp's key rows 16 kw.., dims d0..
   const int T = p.T, window = p.window;
   const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = kt * kTile;
@@ -132,7 +123,7 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
   int last = (window > 0 ? imin(T - 1, k0 + kTile - 1 + window - 1) : T - 1) / BM;
   if (docs) {
     int mine = first;
-    for (int i = last - tid; i > first; i -= NT) {
+    for (int i = last - tid; i > first; i -= kThreads) {
       if (tile_seen(i)) {
         mine = i;
         break;  // this thread's later candidates are smaller
@@ -147,9 +138,9 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
   };
   auto fetch_queries = [&](int i, int parity) {
     const int q0 = i * BM;
-    load_tile<BM, D, NT>(q_s + parity * L::kQBytes, qg, p.sq.t, q0, T, tid);
-    load_tile<BM, D, NT>(do_s + parity * L::kQBytes, dog, p.sdo.t, q0, T, tid);
-    for (int r = tid; r < BM; r += NT) {
+    load_tile<BM, D>(q_s + parity * L::kQBytes, qg, p.sq.t, q0, T, tid);
+    load_tile<BM, D>(do_s + parity * L::kQBytes, dog, p.sdo.t, q0, T, tid);
+    for (int r = tid; r < BM; r += kThreads) {
       const int qi = q0 + r;
       const bool ok = qi < T;
       lse_s[parity * BM + r] = ok ? lse_g[qi] * kLog2e : INFINITY;  // rows past T: P = 0
@@ -159,16 +150,16 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
   };
 
   // Prologue: group 1 = K and V, group 2 = the first query tile.
-  load_tile<kTile, D, NT>(k_s, kg, p.sk.t, k0, T, tid);
-  load_tile<kTile, D, NT>(v_s, vg, p.sv.t, k0, T, tid);
+  load_tile<kTile, D>(k_s, kg, p.sk.t, k0, T, tid);
+  load_tile<kTile, D>(v_s, vg, p.sv.t, k0, T, tid);
   cp_async_commit();
   fetch_queries(first, 0);
   cp_async_commit();
 
-  const int key0 = k0 + kw * 16 + g, key1 = key0 + 8;  // this thread's two key rows
+  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;  // this thread's two key rows
   const int kdoc0 = docs && key0 < T ? doc[key0] : -1;
   const int kdoc1 = docs && key1 < T ? doc[key1] : -1;
-  float dk[kDB][4], dv[kDB][4];  // 16 keys x kDH dims per warp
+  float dk[kDB][4], dv[kDB][4];  // 16 keys x D per warp
 #pragma unroll
   for (int j = 0; j < kDB; ++j) {
     dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.f;
@@ -200,8 +191,8 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
 #pragma unroll
     for (int kd16 = 0; kd16 < D / 16; ++kd16) {
       uint32_t ak[4], av[4];
-      load_a(ak, k_s, P, kw * 16, kd16 * 16, lane);
-      load_a(av, v_s, P, kw * 16, kd16 * 16, lane);
+      load_a(ak, k_s, P, warp * 16, kd16 * 16, lane);
+      load_a(av, v_s, P, warp * 16, kd16 * 16, lane);
 #pragma unroll
       for (int np = 0; np < kQB / 2; ++np) {
         uint32_t bf[4];
@@ -239,26 +230,23 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
       acc_to_a(ap, s[2 * ks], s[2 * ks + 1]);
       acc_to_a(ad, dp[2 * ks], dp[2 * ks + 1]);
 #pragma unroll
-      for (int dn = 0; dn < kDH / 16; ++dn) {
+      for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t bf[4];
-        load_b_kn(bf, dot_s, P, ks * 16, d0 + dn * 16, lane);
+        load_b_kn(bf, dot_s, P, ks * 16, dn * 16, lane);
         mma_bf16(dv[2 * dn], ap, bf[0], bf[1]);
         mma_bf16(dv[2 * dn + 1], ap, bf[2], bf[3]);
-        load_b_kn(bf, qt_s, P, ks * 16, d0 + dn * 16, lane);
+        load_b_kn(bf, qt_s, P, ks * 16, dn * 16, lane);
         mma_bf16(dk[2 * dn], ad, bf[0], bf[1]);
         mma_bf16(dk[2 * dn + 1], ad, bf[2], bf[3]);
       }
     }
 
-    // dS^T as bf16 into shared memory: this warp's 16 key rows, BM query columns (the warps of the
-    // first part of the dims; the others hold the same values).
-    if (d0 == 0) {
+    // dS^T as bf16 into shared memory: this warp's 16 key rows, BM query columns.
 #pragma unroll
-      for (int j = 0; j < kQB; ++j) {
-        uint16_t* r0 = ds_w + (kw * 16 + g) * PS + j * 8 + t4 * 2;
-        *reinterpret_cast<uint32_t*>(r0) = pack_bf16(dp[j][0], dp[j][1]);
-        *reinterpret_cast<uint32_t*>(r0 + 8 * PS) = pack_bf16(dp[j][2], dp[j][3]);
-      }
+    for (int j = 0; j < kQB; ++j) {
+      uint16_t* r0 = ds_w + (warp * 16 + g) * PS + j * 8 + t4 * 2;
+      *reinterpret_cast<uint32_t*>(r0) = pack_bf16(dp[j][0], dp[j][1]);
+      *reinterpret_cast<uint32_t*>(r0 + 8 * PS) = pack_bf16(dp[j][2], dp[j][3]);
     }
     __syncthreads();  // dS^T complete; the query buffers of this parity are no longer read
 
@@ -300,7 +288,7 @@ __global__ void __launch_bounds__(kThreads * SPLIT, SPLIT) attention_bwd_kernel(
     if (key >= T) continue;
 #pragma unroll
     for (int j = 0; j < kDB; ++j) {
-      const int64_t at = static_cast<int64_t>(key) * D + d0 + j * 8 + t4 * 2;
+      const int64_t at = static_cast<int64_t>(key) * D + j * 8 + t4 * 2;
       *reinterpret_cast<uint32_t*>(dkg + at) = pack_bf16(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dvg + at) = pack_bf16(dv[j][2 * r], dv[j][2 * r + 1]);
     }
@@ -324,30 +312,6 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
     *reinterpret_cast<uint32_t*>(p.dq + row * D + d) =
         pack_bf16(blk[c * 32 + lane] * p.scale, blk[(c + 1) * 32 + lane] * p.scale);
   }
-}
-
-// The main backward kernel's configuration: parts of the head dims per key row (warps per block
-// 4 x split) and queries per step.
-struct BwdConfig {
-  int split, bm;
-};
-
-// D = 64: (1, 64). D = 128: (1, 32), or TSCALE_ATTENTION_BWD=1-32|2-16|2-32 ("SPLIT-BM"; for benchmarks and tests).
-inline BwdConfig bwd_config(int D) {
-  if (D == 64) return {1, 64};
-  const char* env = std::getenv("TSCALE_ATTENTION_BWD");
-  if (env == nullptr) return {1, 32};
-  const std::string v(env);
-  if (v == "1-32") return {1, 32};
-  if (v == "2-16") return {2, 16};
-  if (v == "2-32") return {2, 32};
-  TORCH_CHECK(false, "TSCALE_ATTENTION_BWD must be 1-32, 2-16 or 2-32, got '", v, "'");
-  return {1, 32};
-}
-
-template <int D, int BM, int SPLIT>
-void launch_bwd(const BwdParams& p, dim3 grid) {
-  launch_kernel(attention_bwd_kernel<D, BM, SPLIT>, grid, dim3(kThreads * SPLIT), BwdLayout<D, BM>::kBytes, p);
 }
 
 // The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D), contiguous.
@@ -419,19 +383,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   TORCH_CHECK(delta_blocks <= INT_MAX, op, ": too many rows");
   const dim3 grid(n_tiles, H, B);
   const int64_t dq_blocks = std::min<int64_t>((rows * (D / 2) + 255) / 256, int64_t{1} << 20);
-  const BwdConfig c = bwd_config(D);
   if (D == 64) {
     launch_kernel(attention_bwd_delta_kernel<64>, dim3(delta_blocks), dim3(kThreads), 0, p);
-    launch_bwd<64, 64, 1>(p, grid);
+    launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, p);
     launch_kernel(attention_bwd_dq_kernel<64>, dim3(dq_blocks), dim3(256), 0, p);
   } else {
     launch_kernel(attention_bwd_delta_kernel<128>, dim3(delta_blocks), dim3(kThreads), 0, p);
-    if (c.split == 1)
-      launch_bwd<128, 32, 1>(p, grid);
-    else if (c.bm == 16)
-      launch_bwd<128, 16, 2>(p, grid);
-    else
-      launch_bwd<128, 32, 2>(p, grid);
+    launch_kernel(attention_bwd_kernel<128>, grid, dim3(kThreads), BwdLayout<128>::kBytes, p);
     launch_kernel(attention_bwd_dq_kernel<128>, dim3(dq_blocks), dim3(256), 0, p);
   }
   return {dq, dk, dv};

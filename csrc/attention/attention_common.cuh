@@ -123,13 +123,12 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
 }
 
 // Copies rows [row0, row0 + ROWS) of a (T, D) bf16 matrix with row stride `stride` (elements)
-// into the shared tile [ROWS][D + kPad] (at shared address `tile`) with 16-byte cp.async by the NT
-// threads of the block; rows at
+// into the shared tile [ROWS][D + kPad] (at shared address `tile`) with 16-byte cp.async; rows at
 // or past T are zero-filled (the source address is then clamped to row 0 and nothing is read).
-template <int ROWS, int D, int NT = kThreads>
+template <int ROWS, int D>
 __device__ __forceinline__ void load_tile(uint32_t tile, const uint16_t* g, int64_t stride, int row0, int T, int tid) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int i = tid; i < ROWS * kChunks; i += NT) {
+  for (int i = tid; i < ROWS * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const bool ok = row0 + r < T;
     const uint16_t* src = g + (ok ? static_cast<int64_t>(row0 + r) * stride : 0) + c * 8;
