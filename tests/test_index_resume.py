@@ -1,5 +1,6 @@
 """An interrupted build-index keeps its finished index and feature batches; the same build continues from them."""
 
+import json
 import os
 import signal
 
@@ -126,18 +127,27 @@ def test_the_build_says_how_to_continue_and_that_it_continued(tokens, tmp_path, 
     assert "continuing the interrupted build" in capsys.readouterr().err
 
 
-def test_fold_features_interrupted_are_made_again_whole(tokens, tmp_path, monkeypatch):
+def test_fold_features_interrupted_continue_with_the_next_fold(tokens, tmp_path, monkeypatch):
     import tscale.index.folds as folds
+    from tscale.data.shards import TokenFolder
 
     reference = tmp_path / "reference"
     build_index(tokens, reference, features=True, features_folds=3, quiet=True)
-    with monkeypatch.context() as m:
-        _counting(m, folds, "_look_up_fold", stop_at=4)
+    shards = len(TokenFolder(tokens).shards("train"))
+    with monkeypatch.context() as m:  # stopped in fold 1, after fold 0's lookups in every shard
+        _counting(m, folds, "_look_up_fold", stop_at=shards + 2)
         with pytest.raises(KeyboardInterrupt):
             build_index(tokens, tmp_path / "index", features=True, features_folds=3, quiet=True)
-    assert not list((tmp_path / ".index.partial").glob(".fold-*"))  # the fold indexes are scratch
+    partial = tmp_path / ".index.partial"
+    assert not list(partial.glob(".fold-*"))  # the fold indexes are scratch
+    assert json.loads((partial / folds.FOLDS_DONE).read_text())["done"] == [0]
+    (partial / ".fold-1").mkdir()  # as a build killed with SIGKILL would leave it
     with monkeypatch.context() as m:
         sorts = _counting(m, build_module.ops, "suffix_array")
+        lookups = _counting(m, folds, "_look_up_fold")
         build_index(tokens, tmp_path / "index", features=True, features_folds=3, quiet=True)
-    assert len(sorts) == 3  # the three fold indexes; the index itself was kept
-    assert _files(tmp_path / "index") == _files(reference)
+    assert len(sorts) == 2  # the indexes of folds 1 and 2; the index itself and fold 0's features were kept
+    assert len(lookups) == 2 * shards
+    assert _files(tmp_path / "index") == _files(reference)  # no FOLDS_DONE left, every record the same
+    kept = load_manifest(tmp_path / "index", INDEX_FORMAT, (INDEX_VERSION,))["features"]["train_lookups"]
+    assert kept == load_manifest(reference, INDEX_FORMAT, (INDEX_VERSION,))["features"]["train_lookups"]

@@ -9,9 +9,12 @@ per document); fold k's tokens are looked up in an index of the other folds' doc
 every document that shares an N-token span with a document of fold k, so each training
 token meets an index decontaminated against its own document, as a validation token does.
 The K fold indexes are built one at a time in a scratch folder and deleted after use; the
-features go straight into the memory-mapped feature files.
+features go straight into the memory-mapped feature files. After each fold the files are
+flushed and FOLDS_DONE records the folds finished, so an interrupted build continues with the
+next fold (tscale/index/build.py keeps the folder); the record goes when all are written.
 """
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +23,7 @@ import numpy as np
 from rich.progress import Progress
 
 from tscale.data.shards import TokenFolder
+from tscale.fileio import write_text_atomic
 from tscale.index import features as feats
 from tscale.index.decontaminate import docs_sharing_ngrams
 from tscale.index.distribution import FeatureLookup
@@ -28,6 +32,7 @@ from tscale.manifest import write_manifest
 
 FOLD_SEED = 20261130
 MAX_FOLDS = 64
+FOLDS_DONE = ".folds-done.json"  # in the folder being built: the folds whose features are written
 
 
 def assign_folds(folder: TokenFolder, folds: int, seed: int = FOLD_SEED) -> list[np.ndarray]:
@@ -75,14 +80,22 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, l
     """
     dtype = feats.feature_dtype(folder.dtype, lookup.topk)
     names = folder.manifest["splits"]["train"]["shards"]
-    outputs = [np.memmap(out / feats.feature_name(n), dtype=dtype, mode="w+", shape=(len(s.tokens),))
-               for n, s in zip(names, folder.shards("train"))]
+    shards = folder.shards("train")
+    marker = out / FOLDS_DONE
+    state = _finished(marker, folds, span, [out / feats.feature_name(n) for n in names], shards, dtype)
+    outputs = [np.memmap(out / feats.feature_name(n), dtype=dtype, mode="r+" if state else "w+", shape=(len(s.tokens),))
+               for n, s in zip(names, shards)]
     fold_of = assign_folds(folder, folds)
-    sizes = []
+    done, sizes = (set(state["done"]), state["per_fold"]) if state else (set(), [])
     task = progress.add_task("fold features", total=folder.num_tokens("train")) if progress else None
     for k in range(folds):
+        if k in done:
+            if progress:
+                progress.advance(task, _fold_tokens(shards, fold_of, k))
+            continue
         dropped = fold_dropped(folder, fold_of, k, span)
         scratch = out / f".fold-{k}"
+        shutil.rmtree(scratch, ignore_errors=True)  # left by a build that was killed
         scratch.mkdir()
         try:
             fields = build(dropped, scratch)
@@ -90,17 +103,38 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, l
             index = Index(scratch)
             sizes.append({"fold": k, "index_tokens": fields["num_tokens"], "index_docs": fields["num_docs"],
                           "fold_docs": int(sum(int((f == k).sum()) for f in fold_of))})
-            for rec, shard, f in zip(outputs, folder.shards("train"), fold_of):
-                done = _look_up_fold(index, shard, f == k, rec, dtype, folder.vocab_size, lookup)
+            for rec, shard, f in zip(outputs, shards, fold_of):
+                n = _look_up_fold(index, shard, f == k, rec, dtype, folder.vocab_size, lookup)
                 if progress:
-                    progress.advance(task, done)
+                    progress.advance(task, n)
             del index
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    for rec in outputs:
-        rec.flush()
+        for rec in outputs:
+            rec.flush()
+        done.add(k)
+        write_text_atomic(marker, json.dumps({"folds": folds, "span": span, "seed": FOLD_SEED, "done": sorted(done),
+                                              "per_fold": sizes}))
+    del outputs
+    marker.unlink(missing_ok=True)
     return {"method": "folds", "folds": folds, "span": span, "seed": FOLD_SEED, "per_fold": sizes,
             "files": [feats.feature_name(n) for n in names]}
+
+
+def _finished(marker: Path, folds: int, span: int, paths: list[Path], shards, dtype: np.dtype) -> dict | None:
+    """What an interrupted write of the same folds left (marker's record), when its feature files are all there."""
+    try:
+        state = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    same = (state.get("folds"), state.get("span"), state.get("seed")) == (folds, span, FOLD_SEED)
+    whole = all(p.is_file() and p.stat().st_size == len(s.tokens) * dtype.itemsize for p, s in zip(paths, shards))
+    return state if same and whole else None
+
+
+def _fold_tokens(shards, fold_of: list[np.ndarray], k: int) -> int:
+    """Tokens of the training documents in fold k."""
+    return int(sum(int((s.doc_ends - s.docs[:, 0])[f == k].sum()) for s, f in zip(shards, fold_of)))
 
 
 def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype: np.dtype, vocab_size: int,
