@@ -9,12 +9,12 @@
 // K and V have one shared buffer each; the next K tile is fetched while softmax and P V run, the
 // next V tile while the next S = Q K^T runs (cp.async groups, see the loop).
 // The kernel is bound by the latency of its dependent instructions, so what matters most is how
-// many warps a multiprocessor holds, and registers set that (docs/BENCHMARKS.md, "Where the
-// kernel's time goes"). MIN_BLOCKS = 3 caps them at 168 a thread for three blocks (12 warps)
-// per multiprocessor instead of two; Q is then read from shared memory at each k-step instead of
+// many warps a multiprocessor holds, and registers set that (docs/BENCHMARKS.md, "What bounds the
+// kernels"). MIN_BLOCKS = 3 caps them at 168 a thread for three blocks (12 warps) per
+// multiprocessor instead of two; Q is then read from shared memory at each k-step instead of
 // being held as A fragments. The host (fwd_config) takes 64-query tiles and three blocks for
-// head dim 128, and for 64 keeps the earlier choice: 128-query tiles unless a window of at most
-// 128 keys would leave the larger tile mostly masked, Q in registers with 64-query tiles.
+// head dim 128; for head dim 64 (167 registers with Q in registers: three blocks already) it
+// takes 128-query tiles unless a window of at most 128 keys would leave them mostly masked.
 //
 // Which key tiles are visited, for the query tile [q0, q0 + BM):
 //   * causal: none after the tile of key q0 + BM - 1;
