@@ -121,14 +121,21 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _flex_call(q, k, v, block_mask, scale: float):
+def _flex_function(cuda: bool):
+    """flex_attention as a call on these tensors should take it: compiled once for eager CUDA calls; as it is
+    inside a graph being compiled (which compiles it there, and would warn at tracing the cached wrapper)
+    and on CPU."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    return _compiled_flex() if cuda and not torch.compiler.is_compiling() else flex_attention
+
+
+def _flex_call(q, k, v, block_mask, scale: float):
     if q.is_cuda:
-        return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)
+        return _flex_function(True)(q, k, v, block_mask=block_mask, scale=scale)
     with warnings.catch_warnings():  # on CPU flex runs unfused, which is what a comparison needs
         warnings.simplefilter("ignore", UserWarning)
-        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+        return _flex_function(False)(q, k, v, block_mask=block_mask, scale=scale)
 
 
 def flex_inputs(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool):
