@@ -7,10 +7,11 @@
 # `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried). Both are
 # built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
 # scripts/bench/attention_profile.py for this tree and BASE in turn, twice (kernel time per forward +
-# backward call by kernel, records OUT_DIR/profile-{new,base}-{1,2}.json), and once for this tree with
-# TSCALE_ATTENTION_FWD_TILES=1; scripts/bench/attention_kernel.py (docs/bench/attention_kernel.json); the
-# resources (registers, spills) of both builds' kernels; then, with what time is left, the model's
-# attention cost (scripts/bench/architecture.py attention on mix + code slice from .devdata/data).
+# backward call by kernel, records OUT_DIR/profile-{new,base}-{1,2}.json); scripts/bench/attention_kernel.py
+# (docs/bench/attention_kernel.json); the resources (registers, spills) of both builds' forward kernels;
+# then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
+# code slice from .devdata/data). Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git
+# may be older than the tree sent.
 set -u -o pipefail
 OUT=${1:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR}
 deadline=$(( $(date +%s) + ${2:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR} ))
@@ -28,18 +29,17 @@ echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-
 echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"
 TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py 2>&1 \
   | tee "$OUT/logs/tests.log" | tail -4
-profile() {  # NAME PYTHONPATH-FIRST [ENV=VALUE]
-  local name=$1 root=$2; shift 2
-  env "$@" PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/attention_profile.py \
+profile() {  # NAME PYTHONPATH-FIRST
+  local name=$1 root=$2
+  PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/attention_profile.py \
     --out "$OUT/profile-$name.json" > "$OUT/logs/profile-$name.log" 2>&1
   echo "$name: $(grep -E "per forward" "$OUT/logs/profile-$name.log" | tr '\n' ' ')"
 }
-PYTHONPATH="$BASE:/tmp/site" python3 -c "import tscale; print('base imports', tscale.__file__)"
+(cd /tmp && PYTHONPATH="$BASE:/tmp/site" python3 -c "import tscale; print('base imports', tscale.__file__)")
 for round in 1 2; do
   profile "new-$round" "$PWD"
   profile "base-$round" "$BASE"
 done
-profile new-tiles1 "$PWD" TSCALE_ATTENTION_FWD_TILES=1
 timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attention_kernel.log" 2>&1
 echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"
 cp docs/bench/attention_kernel.json "$OUT/" 2>/dev/null
