@@ -68,6 +68,10 @@ class TokenFolder:
     def num_tokens(self, split: str) -> int:
         return self.manifest["splits"][split]["tokens"]
 
+    def doc_tokens(self, split: str, chosen: list[np.ndarray]) -> int:
+        """Tokens in the documents `chosen` of `split` (per shard, a bool (D,) mask)."""
+        return sum(int(s.doc_lengths[c].sum()) for s, c in zip(self.shards(split), chosen))
+
     def shards(self, split: str) -> list[Shard]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}")

@@ -178,7 +178,7 @@ def _kept_when_interrupted(out: Path) -> Iterator[None]:
 def write_index(folder: TokenFolder, dropped: list[np.ndarray], limit: int, workers: int, dest: Path, progress: Progress,
                 description: str) -> dict:
     """Sort and write the kept training documents' shards into `dest`; the manifest fields (with "files")."""
-    total_in = _doc_tokens(folder, [~d for d in dropped])
+    total_in = folder.doc_tokens("train", [~d for d in dropped])
     task = progress.add_task(description, total=total_in)
     shards = []
     t1 = time.perf_counter()
@@ -263,12 +263,9 @@ def _decontamination_record(folder: TokenFolder, dropped: list[np.ndarray], n: i
     if not n:
         return None
     record = {"ngram": n, "method": "64-bit hashes of every n-gram of the validation documents",
-              "dropped_docs": int(sum(int(d.sum()) for d in dropped)), "dropped_tokens": _doc_tokens(folder, dropped)}
+              "dropped_docs": int(sum(int(d.sum()) for d in dropped)),
+              "dropped_tokens": folder.doc_tokens("train", dropped)}
     if against is not None:  # another folder's validation documents (default: the indexed folder's own)
         record["against"] = against
     return record
 
-
-def _doc_tokens(folder: TokenFolder, chosen: list[np.ndarray]) -> int:
-    """Tokens in the training documents `chosen` (per train shard, a bool (D,) mask)."""
-    return sum(int(s.doc_lengths[c].sum()) for s, c in zip(folder.shards("train"), chosen))

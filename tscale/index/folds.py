@@ -91,7 +91,7 @@ def write_fold_features(folder: TokenFolder, out: Path, folds: int, span: int, l
     for k in range(folds):
         if k in done:
             if progress:
-                progress.advance(task, _fold_tokens(shards, fold_of, k))
+                progress.advance(task, folder.doc_tokens("train", [f == k for f in fold_of]))
             continue
         dropped = fold_dropped(folder, fold_of, k, span)
         scratch = out / f".fold-{k}"
@@ -130,11 +130,6 @@ def _finished(marker: Path, folds: int, span: int, paths: list[Path], shards, dt
     same = (state.get("folds"), state.get("span"), state.get("seed")) == (folds, span, FOLD_SEED)
     whole = all(p.is_file() and p.stat().st_size == len(s.tokens) * dtype.itemsize for p, s in zip(paths, shards))
     return state if same and whole else None
-
-
-def _fold_tokens(shards, fold_of: list[np.ndarray], k: int) -> int:
-    """Tokens of the training documents in fold k."""
-    return int(sum(int((s.doc_ends - s.docs[:, 0])[f == k].sum()) for s, f in zip(shards, fold_of)))
 
 
 def _look_up_fold(index: Index, shard, mine: np.ndarray, rec: np.ndarray, dtype: np.dtype, vocab_size: int,
