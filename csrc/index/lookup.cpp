@@ -16,10 +16,11 @@
 //         their counts scaled. The levels are stacked: len (C, N), next and count (C, N, topk).
 //   Streaming: a match is extended by one token by narrowing its SA range; when that fails the
 //   context is shortened from the left and searched again, starting from the pair table and
-//   binary-searching the whole remaining pattern (shard_search.h). Next-token counts: next_counts.h.
-//   The query is cut into independent chunks, each warmed up on the max_len positions before it, so
-//   results do not depend on the chunking. Threads take runs of chunks; on each thread kStreams
-//   chunks are looked up at once, interleaved (interleave.h), so that their cache misses overlap.
+//   binary-searching the whole remaining pattern. Next-token counts walk the blocks of equal next
+//   tokens of the range (it is sorted by next token) with galloping searches, stopping once the
+//   entries left cannot reach the top k; results for ranges of 16+ entries without an exclusion
+//   are kept in a small per-thread cache (they depend on the range only). Independent chunks of the query run in parallel, each
+//   warmed up on the max_len positions before it, so results do not depend on the chunking.
 //   Levels: only caps[0] streams; a shorter cap reuses its results where the match fits under it
 //   and searches its own c tokens where it does not (see shorter_levels).
 // Reference twins: tscale/ops/index.py.
@@ -29,16 +30,154 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "next_counts.h"
-
-namespace tscale::index {
+namespace tscale {
 namespace {
 
-constexpr int64_t kMaxChunk = 16384, kMinChunk = 1024;  // query tokens a chunk; its warm-up is max_len more
-constexpr int64_t kStreamsDefault = 8;  // chunks interleaved on a thread
+constexpr int64_t kChunk = 16384;
+
+template <typename T>
+int64_t token_at(const T* p, int64_t i) {
+  return static_cast<int64_t>(static_cast<std::make_unsigned_t<T>>(p[i]));
+}
+
+template <typename T>
+struct Shard {
+  const T* text;
+  const uint32_t* sa;
+  int64_t n;
+  const int64_t* first;
+  int64_t vocab;
+  const int64_t* pair_off;
+  const int32_t* pair_next;
+  const uint32_t* pair_start;
+
+  int64_t tok(int64_t p) const { return token_at(text, p); }
+  int64_t key(int64_t j, int64_t k) const {
+    const int64_t p = static_cast<int64_t>(sa[j]) + k;
+    return p < n ? tok(p) : -1;
+  }
+  // first e in (j, hi] whose key at offset k differs from t = key(j, k) (the range is sorted there)
+  int64_t block_end(int64_t j, int64_t hi, int64_t k, int64_t t) const {
+    int64_t l = j + 1, h = j + 1, step = 1;
+    while (h < hi && key(h, k) == t) {  // gallop: blocks are usually short next to the range
+      l = h + 1;
+      step *= 2;
+      h = std::min(hi, j + step);
+    }
+    while (l < h) {
+      const int64_t m = l + (h - l) / 2;
+      if (key(m, k) == t) l = m + 1; else h = m;
+    }
+    return l;
+  }
+  // narrow [lo, hi), whose suffixes share their first k tokens, to those with token a at offset k
+  void narrow(int64_t& lo, int64_t& hi, int64_t k, int64_t a) const {
+    int64_t l = lo, h = hi;
+    while (l < h) {
+      const int64_t m = l + (h - l) / 2;
+      if (key(m, k) < a) l = m + 1; else h = m;
+    }
+    lo = l;
+    hi = l < hi && key(l, k) == a ? block_end(l, hi, k, a) : l;
+  }
+  // the suffixes starting with tokens a, b
+  bool pair(int64_t a, int64_t b, int64_t& lo, int64_t& hi) const {
+    const int32_t* x = pair_next + pair_off[a];
+    const int32_t* y = pair_next + pair_off[a + 1];
+    const int32_t* f = std::lower_bound(x, y, static_cast<int32_t>(b));
+    if (f == y || *f != b) return false;
+    const int64_t r = f - pair_next;
+    lo = pair_start[r];
+    hi = f + 1 < y ? static_cast<int64_t>(pair_start[r + 1]) : first[a + 1];
+    return true;
+  }
+  // compare the suffix at sa[j] with q[0..len) from offset k (the first k tokens are known equal);
+  // k ends at their common prefix; < 0, 0 (q is a prefix of the suffix), > 0
+  int compare(int64_t j, const int64_t* q, int64_t len, int64_t& k) const {
+    const int64_t p = sa[j];
+    for (; k < len; ++k) {
+      const int64_t t = p + k < n ? tok(p + k) : -1;
+      if (t != q[k]) return t < q[k] ? -1 : 1;
+    }
+    return 0;
+  }
+  // an occurrence counts when it has a next token and its span [p, p + len] misses [es, ee)
+  bool counts(int64_t p, int64_t len, int64_t es, int64_t ee) const { return p + len < n && !(p + len >= es && p < ee); }
+  bool valid(int64_t lo, int64_t hi, int64_t len, int64_t es, int64_t ee) const {
+    for (int64_t j = lo; j < hi; ++j)
+      if (counts(sa[j], len, es, ee)) return true;
+    return false;
+  }
+  // SA range of q[0..len) with at least one counting occurrence, or false
+  bool find(const int64_t* q, int64_t len, int64_t es, int64_t ee, int64_t& lo, int64_t& hi) const {
+    if (q[0] < 0 || q[0] >= vocab) return false;
+    if (len == 1) {
+      lo = first[q[0]];
+      hi = first[q[0] + 1];
+      return lo < hi && valid(lo, hi, len, es, ee);
+    }
+    if (q[1] < 0 || q[1] >= vocab || !pair(q[0], q[1], lo, hi)) return false;
+    if (len > 2) {
+      // lower bound of q among the pair's suffixes, skipping the prefix shared with both ends
+      int64_t l = lo, h = hi, lk = 2, hk = 2;
+      while (l < h) {
+        const int64_t m = l + (h - l) / 2;
+        __builtin_prefetch(sa + l + (m - l) / 2);
+        __builtin_prefetch(sa + m + 1 + (h - m - 1) / 2);
+        int64_t k = std::min(lk, hk);
+        if (compare(m, q, len, k) < 0) {
+          l = m + 1;
+          lk = k;
+        } else {
+          h = m;
+          hk = k;
+        }
+      }
+      int64_t k = 2;
+      if (l == hi || compare(l, q, len, k) != 0) return false;
+      int64_t e = l + 1, g = l + 1, step = 1;  // upper bound: gallop, then bisect
+      for (k = 2; g < hi && compare(g, q, len, k) == 0; k = 2) {
+        e = g + 1;
+        step *= 2;
+        g = std::min(hi, l + step);
+      }
+      while (e < g) {
+        const int64_t m = e + (g - e) / 2;
+        k = 2;
+        if (compare(m, q, len, k) == 0) e = m + 1; else g = m;
+      }
+      lo = l;
+      hi = e;
+    }
+    return valid(lo, hi, len, es, ee);
+  }
+};
+
+// Longest l <= top with q[-l..0) found (existence is monotone in l); its range in lo, hi.
+template <typename T>
+int64_t longest(const Shard<T>& s, const int64_t* end, int64_t top, int64_t es, int64_t ee, int64_t& lo, int64_t& hi) {
+  if (top < 1) return 0;
+  if (s.find(end - top, top, es, ee, lo, hi)) return top;  // the usual case: one token dropped
+  int64_t good = 0, bad = top, glo = 0, ghi = 0;
+  while (bad - good > 1) {
+    const int64_t mid = (good + bad) / 2;
+    int64_t l, h;
+    if (s.find(end - mid, mid, es, ee, l, h)) {
+      good = mid;
+      glo = l;
+      ghi = h;
+    } else {
+      bad = mid;
+    }
+  }
+  lo = glo;
+  hi = ghi;
+  return good;
+}
 
 // Results of every level: level l holds the lookups capped at caps[l] (caps[0] = max_len, the rest
 // shorter, descending), at len[l * n + i] and next/count[(l * n + i) * topk ...].
@@ -51,12 +190,123 @@ struct Out {
   const std::vector<int64_t>& caps;
 };
 
+// best: (count, token) by count descending, ties by smaller token; tokens arrive in increasing order
+void keep_top(std::vector<std::pair<int64_t, int64_t>>& best, int64_t topk, int64_t c, int64_t t) {
+  if (static_cast<int64_t>(best.size()) == topk && c <= best.back().first) return;
+  auto at = std::upper_bound(best.begin(), best.end(), c, [](int64_t v, const auto& e) { return v > e.first; });
+  best.insert(at, {c, t});
+  if (static_cast<int64_t>(best.size()) > topk) best.pop_back();
+}
+
+// Next-token counts of SA ranges, for one thread. Without an exclusion the result depends only on
+// (lo, hi, len), so those of larger ranges are kept in a small direct-mapped cache.
+template <typename T>
+struct Counter {
+  static constexpr int64_t kSlots = 4096;  // 2^12: the hash below keeps 12 bits
+  static constexpr int64_t kCacheFrom = 16;  // smaller ranges are counted again (cheaper than a cache miss)
+  const Shard<T>& s;
+  int64_t topk, max_support;
+  std::vector<std::pair<int64_t, int64_t>> best;
+  std::vector<int64_t> pos, tok;
+  std::vector<int64_t> keys, vals;  // per slot: lo, hi, len; topk (next, count)
+
+  Counter(const Shard<T>& shard, int64_t k, int64_t support)
+      : s(shard), topk(k), max_support(support) {
+    best.reserve(k + 1);
+  }
+
+  void run(int64_t lo, int64_t hi, int64_t len, int64_t es, int64_t ee, int64_t* next, int64_t* count) {
+    std::fill(next, next + topk, -1);
+    std::fill(count, count + topk, 0);
+    if (len == 0) return;
+    const int64_t size = hi - lo;
+    const bool excluding = ee > 0;  // counts() can reject an occurrence only then
+    const bool cacheable = !excluding && size >= kCacheFrom;
+    if (cacheable && keys.empty()) {  // allocated on first use: short queries never pay for it
+      keys.assign(3 * kSlots, -1);
+      vals.assign(2 * topk * kSlots, 0);
+    }
+    const uint64_t h = (static_cast<uint64_t>(lo) * 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(hi) * 0xc2b2ae3d27d4eb4fULL ^
+                        static_cast<uint64_t>(len)) >> 52;
+    int64_t* key = cacheable ? keys.data() + 3 * h : nullptr;
+    int64_t* val = cacheable ? vals.data() + 2 * topk * h : nullptr;
+    if (cacheable && key[0] == lo && key[1] == hi && key[2] == len) {
+      std::copy(val, val + topk, next);
+      std::copy(val + topk, val + 2 * topk, count);
+      return;
+    }
+    if (size <= max_support) {
+      exact(lo, hi, len, es, ee, excluding);
+      emit(next, count, 0, 0);
+    } else {
+      sampled(lo, size, len, es, ee);
+      emit(next, count, size, max_support);
+    }
+    if (cacheable) {
+      key[0] = lo;
+      key[1] = hi;
+      key[2] = len;
+      std::copy(next, next + topk, val);
+      std::copy(count, count + topk, val + topk);
+    }
+  }
+
+  // every entry: walk the blocks of equal next tokens, stopping once the rest cannot enter the top k
+  void exact(int64_t lo, int64_t hi, int64_t len, int64_t es, int64_t ee, bool excluding) {
+    best.clear();
+    for (int64_t j = lo; j < hi;) {
+      if (static_cast<int64_t>(best.size()) == topk && hi - j <= best.back().first) break;
+      const int64_t t = s.key(j, len);
+      const int64_t e = s.block_end(j, hi, len, t);
+      if (t >= 0) {
+        int64_t c = e - j;
+        if (excluding) {
+          c = 0;
+          for (int64_t r = j; r < e; ++r) c += s.counts(s.sa[r], len, es, ee);
+        }
+        if (c) keep_top(best, topk, c, t);
+      }
+      j = e;
+    }
+  }
+
+  // runs of equal next tokens among max_support evenly spaced entries (gathered first: independent loads)
+  void sampled(int64_t lo, int64_t size, int64_t len, int64_t es, int64_t ee) {
+    const int64_t m = max_support;
+    pos.resize(m);
+    tok.resize(m);
+    for (int64_t i = 0; i < m; ++i) pos[i] = s.sa[lo + (i * size) / m];
+    for (int64_t i = 0; i < m; ++i) tok[i] = s.counts(pos[i], len, es, ee) ? s.tok(pos[i] + len) : -1;
+    best.clear();
+    int64_t cur = -1, c = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (tok[i] < 0) continue;
+      if (tok[i] == cur) {
+        ++c;
+        continue;
+      }
+      if (c) keep_top(best, topk, c, cur);
+      cur = tok[i];
+      c = 1;
+    }
+    if (c) keep_top(best, topk, c, cur);
+  }
+
+  // counts scaled by size / m (rounded) when sampled; m == 0: exact
+  void emit(int64_t* next, int64_t* count, int64_t size, int64_t m) const {
+    for (size_t r = 0; r < best.size(); ++r) {
+      next[r] = best[r].second;
+      count[r] = m == 0 ? best[r].first : (best[r].first * size + m / 2) / m;
+    }
+  }
+};
+
 // Levels 1.. at position i, from level 0's match of `len` tokens ending before `end`: existence is
 // monotone in the length, so a level capped at c >= len has the same match (its results are copied)
 // and one capped below it matches exactly c tokens, searched directly.
 template <typename T>
-Task<void> shorter_levels(const Shard<T>& s, Counter<T>& counter, const int64_t* end, int64_t len, int64_t es,
-                          int64_t ee, int64_t i, const Out& out) {
+void shorter_levels(const Shard<T>& s, Counter<T>& counter, const int64_t* end, int64_t len, int64_t es, int64_t ee,
+                    int64_t i, const Out& out) {
   const int64_t k = out.topk;
   for (size_t l = 1; l < out.caps.size(); ++l) {
     const int64_t c = out.caps[l], at = static_cast<int64_t>(l) * out.n + i;
@@ -66,17 +316,16 @@ Task<void> shorter_levels(const Shard<T>& s, Counter<T>& counter, const int64_t*
       std::copy(out.count + i * k, out.count + (i + 1) * k, out.count + at * k);
     } else {
       int64_t lo = 0, hi = 0;
-      const int64_t got = co_await s.longest(end, c, es, ee, lo, hi);
+      const int64_t got = longest(s, end, c, es, ee, lo, hi);
       out.len[at] = static_cast<int32_t>(got);
       counter.run(lo, hi, got, es, ee, out.next + at * k, out.count + at * k);
     }
   }
 }
 
-// Positions [c0, c1) of the query, streaming from c0 - max_len.
 template <typename T>
-Task<void> lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q, const int64_t* excl, int64_t eos,
-                        int64_t max_len, int64_t c0, int64_t c1, const Out& out) {
+void lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q, const int64_t* excl, int64_t eos,
+                  int64_t max_len, int64_t c0, int64_t c1, const Out& out) {
   const int64_t w = std::max<int64_t>(0, c0 - max_len);
   int64_t len = 0, lo = 0, hi = 0, ctx = w;
   int64_t pes = -1, pee = -1;
@@ -109,11 +358,11 @@ Task<void> lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q
     } else {
       start = cap;
     }
-    if (!done) len = co_await s.longest(q + i + 1, std::min(start, cap), es, ee, lo, hi);
+    if (!done) len = longest(s, q + i + 1, std::min(start, cap), es, ee, lo, hi);
     if (i >= c0) {
       out.len[i] = static_cast<int32_t>(len);
       counter.run(lo, hi, len, es, ee, out.next + i * out.topk, out.count + i * out.topk);
-      if (out.caps.size() > 1) co_await shorter_levels(s, counter, q + i + 1, len, es, ee, i, out);
+      shorter_levels(s, counter, q + i + 1, len, es, ee, i, out);
     }
   }
 }
@@ -126,8 +375,6 @@ Shard<T> make_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tens
           reinterpret_cast<const uint32_t*>(start.data_ptr<int32_t>())};
 }
 
-// Chunks of at most kMaxChunk tokens, at least kMinChunk, enough for every thread's streams where the
-// query is long enough; a thread's run of chunks is looked up kStreams at a time, interleaved.
 template <typename T>
 void lookup_all(const Shard<T>& s, const at::Tensor& query, const at::Tensor& excl, int64_t eos, int64_t max_support,
                 const Out& out) {
@@ -135,19 +382,11 @@ void lookup_all(const Shard<T>& s, const at::Tensor& query, const at::Tensor& ex
   const int64_t* q = query.data_ptr<int64_t>();
   const int64_t* ex = excl.numel() ? excl.data_ptr<int64_t>() : nullptr;
   const int64_t n = query.numel();
-  const char* env = std::getenv("TSCALE_INDEX_STREAMS");
-  const int64_t kStreams = env ? std::atoi(env) : kStreamsDefault;
-  const int64_t wanted = at::get_num_threads() * kStreams;
-  const int64_t size = std::clamp((n + wanted - 1) / wanted, kMinChunk, kMaxChunk);
-  const int64_t chunks = (n + size - 1) / size;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t a, int64_t b) {
-    CountCache cache(out.topk);
-    std::vector<Counter<T>> counters;
-    for (int64_t k = 0; k < std::min(kStreams, b - a); ++k) counters.emplace_back(s, cache, out.topk, max_support);
-    interleave::run_interleaved(b - a, kStreams, [&](int64_t job, int64_t slot) {
-      const int64_t c = a + job;
-      return lookup_chunk(s, counters[slot], q, ex, eos, max_len, c * size, std::min(n, (c + 1) * size), out);
-    });
+    Counter<T> counter(s, out.topk, max_support);
+    for (int64_t c = a; c < b; ++c)
+      lookup_chunk(s, counter, q, ex, eos, max_len, c * kChunk, std::min(n, (c + 1) * kChunk), out);
   });
 }
 
@@ -206,4 +445,4 @@ TORCH_LIBRARY_IMPL(tscale, CPU, m) {
   m.impl("index_lookup_levels", &index_lookup_levels_cpu);
 }
 
-}  // namespace tscale::index
+}  // namespace tscale
