@@ -96,8 +96,12 @@ def test_traced_recipes_refused_where_torch_cannot_compile_them_once(monkeypatch
 @pytest.mark.parametrize("recipe", ["int8_switchback", "fp8_tensorwise"])
 def test_low_precision_blocks_compile_once_too(recipe):
     """The switchback recipe's traced quantisation and the custom op of the others inside the one region."""
+    from tscale.model import block_region
     from tscale.precision import convert_linears
+    from tscale.precision.recipes import get_recipe
 
+    if get_recipe(recipe).in_graph and not block_region.HOLDS_AUTOGRAD_FUNCTIONS:
+        pytest.skip(f"torch {torch.__version__} cannot compile a traced recipe once per block (training refuses it)")
     model = _model("gpt2", 3)
     convert_linears(model, recipe)
     idx = torch.randint(1, 128, (2, 32))
