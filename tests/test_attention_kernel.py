@@ -19,7 +19,7 @@ import torch
 from helpers_attention import doc_ids
 from helpers_emu import build_emulator
 
-from tscale.ops.attention import (_attention_backward_op, _attention_op, _kernel_op, attention, attention_kernel,
+from tscale.ops.attention import (_attention_backward_op, _attention_op, attention, attention_kernel,
                                   attention_path, attention_reference, kernel_unusable_reason)
 from tscale.ops.backend import cuda_kernels_available, kernels_available
 
@@ -163,8 +163,7 @@ def test_attention_picks_the_kernel_and_compiles():
     grads = torch.autograd.grad(out, leaves, do)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), _reference(q, k, v, do, **kw)):
         _assert_close(name, a, b)
-    torch.library.opcheck(_kernel_op, (q, k, v, docs.int(), 16, True, 128 ** -0.5),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    _opcheck_kernel_ops(q, k, v, do, docs.int(), 16, 128 ** -0.5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +231,16 @@ def test_emulated_kernel_strided_inputs(emu):
         _assert_close(name, a, b)
 
 
+def _opcheck_kernel_ops(q, k, v, do, docs, window: int, scale: float) -> None:
+    """The extension's forward and backward ops against their schemas and fake kernels (torch.compile's view)."""
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tscale.attention_fwd_cuda.default, (q, k, v, docs, window, True, scale),
+                          test_utils=utils)
+    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, docs, window, True, scale)
+    torch.library.opcheck(torch.ops.tscale.attention_bwd_cuda.default,
+                          (do, q, k, v, out, lse, docs, window, True, scale), test_utils=utils)
+
+
 @pytest.fixture
 def emulated_op(emu):
     """The emulator as the CPU kernel of tscale::attention_fwd_cuda / attention_bwd_cuda, for this test only."""
@@ -245,7 +254,7 @@ def emulated_op(emu):
     lib._destroy()
 
 
-def test_kernel_custom_op_autograd_fake_and_compile(emulated_op):
+def test_kernel_ops_autograd_fake_and_compile(emulated_op):
     q, k, v, do, docs = _case(1, 2, 80, 64, "sparse", seed=3)
     kw = dict(window=9, doc_ids=docs, sink=True, scale=0.125)
     want = _reference(q, k, v, do, **kw)
@@ -259,8 +268,7 @@ def test_kernel_custom_op_autograd_fake_and_compile(emulated_op):
         grads = torch.autograd.grad(out, leaves, do)
         for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
             _assert_close(name, a, b)
-    torch.library.opcheck(_kernel_op, (q, k, v, docs.int(), 9, True, 0.125),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    _opcheck_kernel_ops(q, k, v, do, docs.int(), 9, 0.125)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,19 +6,24 @@ For each shape (batch x sequence length; 6 heads of 128, the 124M tscale layer) 
 `--calls` calls without waiting for the GPU and prints the host's microseconds per call beside the
 wall time per call once the GPU has finished. Where the two agree the calls are bound by the host.
 Paths: the fused kernel through tscale.ops.attention (a window of 128 with document ids and the sink,
-as a windowed layer calls it), the same custom op with no mask but causality, and
-F.scaled_dot_product_attention(is_causal=True). At 1 x 128 the GPU work is negligible, so the
+as a windowed layer calls it), the same with no mask but causality, F.scaled_dot_product_attention
+(is_causal=True), and the extension's forward and backward ops called directly (ops_local: what the
+ops themselves cost the host, without autograd). At 1 x 128 the GPU work is negligible, so the
 host time is what the path costs the host. Needs a CUDA GPU with tscale._C built for it.
 """
 
 import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tscale.ops.attention import attention, kernel_unusable_reason
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, write_record  # noqa: E402
+
+from tscale.ops.attention import attention, kernel_unusable_reason  # noqa: E402
 
 H, D = 6, 128
 
@@ -56,15 +61,26 @@ def paths(B: int, T: int) -> dict:
     def with_backward(fwd):
         return lambda: torch.autograd.grad(fwd(), (q, k, v), dy)
 
-    return {name: (f, with_backward(f)) for name, f in
-            (("kernel_local", kernel_local), ("kernel_causal", kernel_causal), ("sdpa_causal", sdpa))}
+    docs32 = docs.int()
+
+    def ops_local():  # the extension's ops called directly: their own host cost, no autograd
+        return torch.ops.tscale.attention_fwd_cuda(q, k, v, docs32, 128, True, scale)
+
+    def ops_local_backward():
+        out, lse = ops_local()
+        return torch.ops.tscale.attention_bwd_cuda(dy, q, k, v, out, lse, docs32, 128, True, scale)
+
+    calls = {name: (f, with_backward(f)) for name, f in
+             (("kernel_local", kernel_local), ("kernel_causal", kernel_causal), ("sdpa_causal", sdpa))}
+    calls["ops_local"] = (ops_local, ops_local_backward)
+    return calls
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--shapes", nargs="+", default=["1x128", "32x1024"], help="BATCHxSEQ_LEN")
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench", help="folder of the record attention_host_cost.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_host_cost.py: needs a CUDA GPU")
@@ -72,20 +88,22 @@ def main() -> None:
     why = kernel_unusable_reason(probe, probe, probe)
     if why:
         raise SystemExit(f"attention_host_cost.py: the fused kernel cannot run here: {why}")
-    results = {}
+    metrics = {}
     for shape in args.shapes:
         B, T = (int(x) for x in shape.split("x"))
         for name, (fwd, fwd_bwd) in paths(B, T).items():
             with torch.no_grad():
                 f_host, f_wall = timed(fwd, args.calls)
             b_host, b_wall = timed(fwd_bwd, args.calls)
-            results[f"{shape}_{name}"] = {"fwd_host_us": round(f_host, 1), "fwd_wall_us": round(f_wall, 1),
-                                          "fwd_bwd_host_us": round(b_host, 1), "fwd_bwd_wall_us": round(b_wall, 1)}
+            metrics.update({f"{shape}_{name}_fwd_host_us": round(f_host, 1), f"{shape}_{name}_fwd_wall_us": round(f_wall, 1),
+                            f"{shape}_{name}_fwd_bwd_host_us": round(b_host, 1),
+                            f"{shape}_{name}_fwd_bwd_wall_us": round(b_wall, 1)})
             print(f"{shape:>8} {name:<14} forward host {f_host:8.1f} wall {f_wall:8.1f} us | "
                   f"forward + backward host {b_host:8.1f} wall {b_wall:8.1f} us", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    notes = (f"Eager calls, {args.calls} per path issued without waiting, then one wait; 6 heads of 128; host = the "
+             "issuing loop's time per call, wall = until the GPU finished. kernel_local: window 128, two documents a "
+             "row, sink; kernel_causal: causality only; ops_local: the extension's ops called directly, no autograd.")
+    print(write_record("attention_host_cost", metrics, notes, args.out))
 
 
 if __name__ == "__main__":

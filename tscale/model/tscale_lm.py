@@ -216,7 +216,7 @@ class TScaleLM(nn.Module):
         doc_ids = None
         if c.doc_mask and (runs is None or not runs.windowed):
             starts = idx == c.eos_id  # (B, T): eos ends a document and opens the next
-            doc_ids = cache.doc_ids(starts) if cache is not None else starts.long().cumsum(1)  # (B, pos+T)
+            doc_ids = cache.doc_ids(starts) if cache is not None else starts.cumsum(1, dtype=torch.int32)  # (B, pos+T)
         once = self.compile_block_once and cache is None and runs is None
         for i, block in enumerate(self.blocks):
             x = train_block(block, x, rope, doc_ids) if once else block(x, rope, doc_ids, i, cache, runs)

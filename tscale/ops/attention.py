@@ -11,8 +11,9 @@ Three implementations with one meaning:
   `attention_flex`       torch FlexAttention with a BlockMask of the same rule (the sink is an
                          appended null key/value slot); compiled on CUDA.
   `attention_kernel`     the fused CUDA kernels of csrc/attention (forward and backward, bf16 in
-                         and out, fp32 accumulation, tiles the mask hides are skipped), as the
-                         custom op tscale::attention_kernel.
+                         and out, fp32 accumulation, tiles the mask hides are skipped): the
+                         extension's ops tscale::attention_fwd_cuda / _bwd_cuda under an
+                         autograd.Function.
 `attention`, the door the model uses, picks a path per call (`attention_path` says which):
   kernel     CUDA, Tq == Tk, bfloat16 q/k/v, head dim 64 or 128, tscale._C built with CUDA, sm_80+;
   flex       any other CUDA call with Tq == Tk (training, prefill);
@@ -216,47 +217,44 @@ def _backward(ctx, grad):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("tscale::attention_kernel", mutates_args=())
-def _kernel_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: Optional[torch.Tensor], window: int,
-               sink: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, doc_ids, window, sink, scale)
-    return out, lse
+def _op_defined(name: str) -> bool:
+    try:
+        torch._C._get_schema(f"tscale::{name}", "")
+        return True
+    except RuntimeError:
+        return False
 
 
-@_kernel_op.register_fake
-def _kernel_fake(q, k, v, doc_ids, window, sink, scale):
-    B, H, T, D = q.shape
-    return q.new_empty(B, H, T, D), q.new_empty(B, H, T, dtype=torch.float32)  # out (contiguous), lse
+# The fused kernel's ops are the extension's own (csrc/attention/attention.cpp), called through an
+# autograd.Function: torch.library.custom_op's wrappers and its autograd registration cost the host
+# more per call than the kernels take at small shapes (scripts/bench/attention_host_cost.py).
+if kernels_usable_on("cpu") and _op_defined("attention_fwd_cuda"):
+    @torch.library.register_fake("tscale::attention_fwd_cuda")
+    def _kernel_fwd_fake(q, k, v, doc_ids, window, sink, scale):
+        B, H, T, D = q.shape
+        return q.new_empty(B, H, T, D), q.new_empty(B, H, T, dtype=torch.float32)  # out (contiguous), lse
+
+    @torch.library.register_fake("tscale::attention_bwd_cuda")
+    def _kernel_bwd_fake(dout, q, k, v, out, lse, doc_ids, window, sink, scale):
+        return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)  # contiguous, as the kernel's
 
 
-@torch.library.custom_op("tscale::attention_kernel_backward", mutates_args=())
-def _kernel_backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        lse: torch.Tensor, doc_ids: Optional[torch.Tensor], window: int, sink: bool,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = torch.ops.tscale.attention_bwd_cuda(grad, q, k, v, out, lse, doc_ids, window, sink, scale)
-    return dq, dk, dv
+class _KernelAttention(torch.autograd.Function):
+    """out (B, H, T, D) of the fused kernel; its backward kernels from the saved out and log-sum-exp."""
 
+    @staticmethod
+    def forward(ctx, q, k, v, doc_ids, window: int, sink: bool, scale: float):
+        out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, doc_ids, window, sink, scale)
+        ctx.save_for_backward(q, k, v, out, lse, doc_ids)
+        ctx.window, ctx.sink, ctx.scale = window, sink, scale
+        return out
 
-@_kernel_backward_op.register_fake
-def _kernel_backward_fake(grad, q, k, v, out, lse, doc_ids, window, sink, scale):
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)  # contiguous, as the kernel's
-
-
-def _kernel_setup_context(ctx, inputs, output):
-    q, k, v, doc_ids, window, sink, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, doc_ids)
-    ctx.window, ctx.sink, ctx.scale = window, sink, scale
-    ctx.mark_non_differentiable(lse)
-
-
-def _kernel_backward(ctx, grad, _grad_lse):
-    q, k, v, out, lse, doc_ids = ctx.saved_tensors
-    dq, dk, dv = _kernel_backward_op(grad, q, k, v, out, lse, doc_ids, ctx.window, ctx.sink, ctx.scale)
-    return dq, dk, dv, None, None, None, None
-
-
-_kernel_op.register_autograd(_kernel_backward, setup_context=_kernel_setup_context)
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, doc_ids = ctx.saved_tensors
+        dq, dk, dv = torch.ops.tscale.attention_bwd_cuda(grad, q, k, v, out, lse, doc_ids, ctx.window, ctx.sink,
+                                                         ctx.scale)
+        return dq, dk, dv, None, None, None, None
 
 
 def attention_kernel(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
@@ -264,8 +262,7 @@ def attention_kernel(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink
     """The fused kernel: q, k, v bf16 (B, H, T, D) of one shape, D 64 or 128 -> (B, H, T, D) bf16, differentiable."""
     if doc_ids is not None and doc_ids.dtype != torch.int32:
         doc_ids = doc_ids.to(torch.int32)
-    out, _lse = _kernel_op(q, k, v, doc_ids, window, sink, scale)
-    return out
+    return _KernelAttention.apply(q, k, v, doc_ids, window, sink, scale)
 
 
 @torch.compiler.assume_constant_result  # evaluated once when traced, not traced into
@@ -326,7 +323,7 @@ def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
     """Masked attention q (B, H, Tq, D), k and v (B, H, Tk, D), doc_ids (B, Tk) or None -> (B, H, Tq, D)."""
     path = attention_path(q, k, v, impl)
     if path == "kernel":
-        _say_once("attention: fused CUDA kernel (custom op tscale::attention_kernel); other paths where it cannot serve")
+        _say_once("attention: fused CUDA kernel (tscale::attention_fwd_cuda); other paths where it cannot serve")
         return attention_kernel(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     if path == "flex":
         _say_once("attention: FlexAttention (compiled on CUDA)")
