@@ -2,7 +2,7 @@
 
 At B*T = 32768 tokens (T 1024, B 32; T 4096, B 8), H heads of D = 128 (tscale-124m: 6 of 128), bf16:
   local   window 128 + documents of random lengths (starts with probability 1/--doc-len) + sink:
-          the model's sliding-window layers. kernel (tscale::attention_kernel) vs flex
+          the model's sliding-window layers. kernel (tscale.ops.attention_kernel) vs flex
           (torch.compile(flex_attention) with the BlockMask and null sink slot of
           tscale.ops.attention.flex_inputs, built once outside the timing, as a fair lower bound
           on what the flex path costs).
