@@ -303,6 +303,33 @@ def test_reference_ops_fake_kernels_match_on_strided_inputs():
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
 
 
+def test_reference_path_without_gradients_skips_the_custom_op(monkeypatch):
+    """Decoding and evaluation (nothing to differentiate) run the reference's plain ops; training its custom op."""
+    import tscale.ops.attention as attention_module
+
+    monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
+    q, k, v, do, docs = _case(1, 2, 30, 64, "sparse", seed=5)
+    q, k, v, do = q.float(), k.float(), v.float(), do.float()
+    kw = dict(window=6, doc_ids=docs, sink=True, scale=0.2)
+    calls = []
+    real_op = attention_module._attention_op
+    monkeypatch.setattr(attention_module, "_attention_op", lambda *a: calls.append(1) or real_op(*a))
+    want = attention_reference(q, k, v, **kw)
+    with torch.no_grad():
+        torch.testing.assert_close(attention(q[:, :, -4:], k, v, **kw), want[:, :, -4:])  # cached decoding
+    torch.testing.assert_close(attention(q, k, v, **kw), want)  # no input requires grad
+    assert calls == []
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*leaves, **kw)
+    assert calls == [1]
+    torch.testing.assert_close(out, want)
+    grads = torch.autograd.grad(out, leaves, do)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want_grads = torch.autograd.grad(attention_reference(*ref_leaves, **kw), ref_leaves, do)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
 def test_forced_paths_agree_on_cpu(monkeypatch):
     monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
     q, k, v, _, docs = _case(2, 2, 50, 64, "sparse", seed=4)

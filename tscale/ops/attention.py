@@ -19,7 +19,8 @@ Three implementations with one meaning:
   flex       any other CUDA call with Tq == Tk (training, prefill);
   reference  the rest: cached decoding (Tq < Tk: small score matrices, and no recompilation of
              flex for every new key length) and CPU, through the custom op tscale::attention
-             (reference forward, analytic backward).
+             (reference forward, analytic backward); a call with nothing to differentiate runs
+             the reference's plain ops, without the custom op's wrappers.
 Every path is a torch custom op or traceable, with fake implementations, so torch.compile
 traces through `attention`.
 
@@ -329,6 +330,9 @@ def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
         _say_once("attention: FlexAttention (compiled on CUDA)")
         return attention_flex(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     _say_once("attention: torch reference (custom op tscale::attention)")
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # nothing to differentiate (decoding, evaluation): the plain ops, without the custom op's wrappers
+        return attention_reference(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     return _attention_op(q, k, v, doc_ids, window, sink, scale)
 
 
