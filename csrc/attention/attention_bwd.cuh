@@ -280,22 +280,22 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
 
-  uint16_t* dkg = p.dk + bh * T * D;
-  uint16_t* dvg = p.dv + bh * T * D;
+  uint16_t* dkg = p.dk + b * p.sg.b + h * p.sg.h;  // (T, D) rows of this (b, h), p.sg.t apart
+  uint16_t* dvg = p.dv + b * p.sg.b + h * p.sg.h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = r == 0 ? key0 : key1;
     if (key >= T) continue;
 #pragma unroll
     for (int j = 0; j < kDB; ++j) {
-      const int64_t at = static_cast<int64_t>(key) * D + j * 8 + t4 * 2;
+      const int64_t at = static_cast<int64_t>(key) * p.sg.t + j * 8 + t4 * 2;
       *reinterpret_cast<uint32_t*>(dkg + at) = pack_bf16(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dvg + at) = pack_bf16(dv[j][2 * r], dv[j][2 * r + 1]);
     }
   }
 }
 
-// dq (B, H, T, D) bf16 = scale * dq_accum, read back from the fragment order; two dims per thread.
+// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back from the fragment order; two dims per thread.
 template <int D>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
   const int64_t n = static_cast<int64_t>(p.B) * p.H * p.T * (D / 2);
@@ -309,12 +309,12 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
     const int r = t & 15;
     const int lane = (r & 7) * 4 + ((d & 7) >> 1);  // groupID = row % 8, threadID_in_group = column / 2
     const int c = (r >> 3) * 2;                     // c0/c1 for rows 0-7, c2/c3 for rows 8-15
-    *reinterpret_cast<uint32_t*>(p.dq + row * D + d) =
+    *reinterpret_cast<uint32_t*>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h + t * p.sg.t + d) =
         pack_bf16(blk[c * 32 + lane] * p.scale, blk[(c + 1) * 32 + lane] * p.scale);
   }
 }
 
-// The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D), contiguous.
+// The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage (token_major).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& doc_ids, int64_t window,
@@ -336,9 +336,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   const DeviceScope scope(q_in);
   const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
   const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
-  at::Tensor dq = at::empty({B, H, T, D}, q_in.options());
-  at::Tensor dk = at::empty({B, H, T, D}, q_in.options());
-  at::Tensor dv = at::empty({B, H, T, D}, q_in.options());
+  at::Tensor dq = token_major(B, H, T, D, q_in);
+  at::Tensor dk = token_major(B, H, T, D, q_in);
+  at::Tensor dv = token_major(B, H, T, D, q_in);
   const at::Tensor docs = prepare_docs(doc_ids, q_in, op);
   if (dq.numel() == 0) return {dq, dk, dv};
   const at::Tensor q = kernel_layout(q_in), k = kernel_layout(k_in), v = kernel_layout(v_in);
@@ -365,6 +365,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   p.dq = reinterpret_cast<uint16_t*>(dq.data_ptr());
   p.dk = reinterpret_cast<uint16_t*>(dk.data_ptr());
   p.dv = reinterpret_cast<uint16_t*>(dv.data_ptr());
+  p.sg = strides_of(dq);
   p.B = B, p.H = H, p.T = T, p.D = D;
   p.T_pad = n_tiles * kTile;
   p.window = normalised_window(window, T);

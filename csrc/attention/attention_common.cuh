@@ -47,7 +47,8 @@ struct FwdParams {
   const uint16_t* k;
   const uint16_t* v;
   Strides sq, sk, sv;
-  uint16_t* o;        // bf16 (B, H, T, D), contiguous
+  uint16_t* o;        // bf16 (B, H, T, D) seen in (B, T, H, D) storage (so: its strides)
+  Strides so;
   float* lse;         // fp32 (B, H, T), contiguous: natural-log logsumexp of each row (sink included)
   const int32_t* doc;      // (B, T) contiguous document ids, or nullptr (no document mask)
   const int32_t* doc_min;  // (B, n_stat): min / max document id over positions [32 s, 32 s + 32)
@@ -69,9 +70,10 @@ struct BwdParams {
   const float* lse;   // fp32 (B, H, T) from the forward
   float* delta;       // fp32 (B, H, T): rowsum(dO * O), written by the first backward kernel
   float* dq_accum;    // fp32 (B, H, T_pad, D) in mma-fragment order (see attention_bwd.cuh), zeroed
-  uint16_t* dq;       // bf16 (B, H, T, D), contiguous
+  uint16_t* dq;       // bf16 (B, H, T, D) seen in (B, T, H, D) storage, like dk and dv (sg: their strides)
   uint16_t* dk;
   uint16_t* dv;
+  Strides sg;
   const int32_t* doc;
   const int32_t* doc_min;
   const int32_t* doc_max;

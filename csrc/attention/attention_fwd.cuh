@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
 
   // Epilogue: O / denominator and the logsumexp, for rows inside T.
-  uint16_t* og = p.o + bh * T * D;
+  uint16_t* og = p.o + b * p.so.b + h * p.so.h;  // (T, D) rows of this (b, h), p.so.t apart
   float* lse = p.lse + bh * T;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int rw = row_of(mt, r);
       if (rw < T) {
-        uint16_t* orow = og + static_cast<int64_t>(rw) * D;
+        uint16_t* orow = og + static_cast<int64_t>(rw) * p.so.t;
 #pragma unroll
         for (int j = 0; j < kDB; ++j) {
           *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
@@ -329,7 +329,8 @@ void launch_fwd_for(const FwdParams& p) {
     launch_fwd<D, 1>(p);
 }
 
-// The op tscale::attention_fwd_cuda: out bf16 (B, H, T, D) and lse fp32 (B, H, T), contiguous.
+// The op tscale::attention_fwd_cuda: out bf16 (B, H, T, D) in (B, T, H, D) storage (token_major), lse fp32
+// (B, H, T) contiguous.
 std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, const at::Tensor& k_in,
                                                       const at::Tensor& v_in, const std::optional<at::Tensor>& doc_ids,
                                                       int64_t window, bool sink, double scale) {
@@ -339,7 +340,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, co
   const DeviceScope scope(q_in);
   const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
   const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
-  at::Tensor out = at::empty({B, H, T, D}, q_in.options());
+  at::Tensor out = token_major(B, H, T, D, q_in);
   at::Tensor lse = at::empty({B, H, T}, q_in.options().dtype(at::kFloat));
   const at::Tensor docs = prepare_docs(doc_ids, q_in, op);
   if (out.numel() == 0) return {out, lse};
@@ -353,6 +354,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, co
   p.sk = strides_of(k);
   p.sv = strides_of(v);
   p.o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  p.so = strides_of(out);
   p.lse = lse.data_ptr<float>();
   p.B = B, p.H = H, p.T = T, p.D = D;
   p.window = normalised_window(window, T);

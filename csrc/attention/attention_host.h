@@ -45,6 +45,13 @@ inline at::Tensor kernel_layout(const at::Tensor& t) {
 
 inline Strides strides_of(const at::Tensor& t) { return Strides{t.stride(0), t.stride(1), t.stride(2)}; }
 
+// A new bf16 (B, H, T, D) tensor whose storage is (B, T, H, D): the layout of the model's q, k and v
+// (its qkv projection's output, one head after another within a token), so the attention output goes
+// on to the output projection, and the gradients back to the projection, without a transposing copy.
+inline at::Tensor token_major(int64_t B, int64_t H, int64_t T, int64_t D, const at::Tensor& like) {
+  return at::empty({B, T, H, D}, like.options()).transpose(1, 2);
+}
+
 // The window as the kernels take it: 0 (no limit) for window <= 0 or window >= T, where it hides nothing.
 inline int normalised_window(int64_t window, int64_t T) { return (window <= 0 || window >= T) ? 0 : static_cast<int>(window); }
 

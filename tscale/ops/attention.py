@@ -230,18 +230,26 @@ def _op_defined(name: str) -> bool:
 # autograd.Function: torch.library.custom_op's wrappers and its autograd registration cost the host
 # more per call than the kernels take at small shapes (scripts/bench/attention_host_cost.py).
 if kernels_usable_on("cpu") and _op_defined("attention_fwd_cuda"):
+    def _token_major(q: torch.Tensor) -> torch.Tensor:
+        """A (B, H, T, D) tensor in (B, T, H, D) storage, as the kernels make out, dq, dk and dv."""
+        B, H, T, D = q.shape
+        return q.new_empty(B, T, H, D).transpose(1, 2)
+
     @torch.library.register_fake("tscale::attention_fwd_cuda")
     def _kernel_fwd_fake(q, k, v, doc_ids, window, sink, scale):
-        B, H, T, D = q.shape
-        return q.new_empty(B, H, T, D), q.new_empty(B, H, T, dtype=torch.float32)  # out (contiguous), lse
+        B, H, T, _ = q.shape
+        return _token_major(q), q.new_empty(B, H, T, dtype=torch.float32)  # out, lse (contiguous)
 
     @torch.library.register_fake("tscale::attention_bwd_cuda")
     def _kernel_bwd_fake(dout, q, k, v, out, lse, doc_ids, window, sink, scale):
-        return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)  # contiguous, as the kernel's
+        return _token_major(q), _token_major(q), _token_major(q)
 
 
 class _KernelAttention(torch.autograd.Function):
-    """out (B, H, T, D) of the fused kernel; its backward kernels from the saved out and log-sum-exp."""
+    """out (B, H, T, D) of the fused kernel; its backward kernels from the saved out and log-sum-exp.
+
+    out, dq, dk and dv come in (B, T, H, D) storage, the layout of the model's projections, so the model's
+    transpose back to (B, T, H, D) is a view and its output projection reads out without a copy."""
 
     @staticmethod
     def forward(ctx, q, k, v, doc_ids, window: int, sink: bool, scale: float):
