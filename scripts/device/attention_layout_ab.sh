@@ -8,7 +8,8 @@
 # tscale._C_cutlass), then: the tests of tests/test_attention_kernel.py, tests/test_tscale_arch.py and
 # tests/test_train.py (the CUDA ones included; emulator tests skipped); then the training rate of
 # configs/tscale-124m.toml (scripts/bench/arch_speed.py's `rate`: the real loop, torch.compile default mode,
-# batch 32 x 1024 of random ids) for this tree and BASE in turn, twice. Set TSCALE_COMMIT to this tree's commit.
+# batch 32 x 1024 of random ids) for this tree and BASE in turn, ROUNDS times (default 2; SKIP_TESTS=1 skips
+# the tests). Set TSCALE_COMMIT to this tree's commit.
 set -u -o pipefail
 OUT=${1:?usage: attention_layout_ab.sh OUT_DIR SECONDS BASE_DIR}
 deadline=$(( $(date +%s) + ${2:?usage: attention_layout_ab.sh OUT_DIR SECONDS BASE_DIR} ))
@@ -21,25 +22,26 @@ arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capabilit
     > "$OUT/logs/build-base.log" 2>&1; echo "base build exit $?" ) &
 MAX_JOBS=8 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
 wait
-TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE tests/test_attention_kernel.py tests/test_tscale_arch.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE tests/test_attention_kernel.py tests/test_tscale_arch.py \
   tests/test_train.py > "$OUT/logs/tests.log" 2>&1
-echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head
+[ "${SKIP_TESTS:-0}" = 1 ] || { echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head; }
 TOKENS=/tmp/random-tokens
 python3 -c "
 import sys; sys.path.insert(0, 'scripts/bench')
 from pathlib import Path
 from train_throughput import random_token_folder
 random_token_folder(Path('$TOKENS'), 8_000_000)"
-rate() {  # NAME PYTHONPATH-FIRST
-  PYTHONPATH="$2:/tmp/site" timeout "$(left)" python3 -c "
-import sys; sys.path.insert(0, 'scripts/bench')
+REPO=$PWD
+rate() {  # NAME TREE: run from the tree's root, whose tscale/ a `python -c` imports before any other
+  (cd "$2" && PYTHONPATH="/tmp/site" timeout "$(left)" python3 -c "
+import sys; sys.path.insert(0, '$REPO/scripts/bench')
 from pathlib import Path
 import tscale
 from arch_speed import rate
 r, mem = rate('tscale', Path('$TOKENS'), 'default', 30, 10, 32, 1024)
-print('$1', tscale.__file__, round(r), 'tokens/s', round(mem, 2), 'GiB')" 2>"$OUT/logs/rate-$1.log" | tee -a "$OUT/rates.txt"
+print('$1', tscale.__file__, round(r), 'tokens/s', round(mem, 2), 'GiB')" 2>"$OUT/logs/rate-$1.log" | tee -a "$OUT/rates.txt")
 }
-for round in 1 2; do
+for round in $(seq "${ROUNDS:-2}"); do
   rate "new-$round" "$PWD"
   rate "base-$round" "$BASE"
 done
