@@ -12,18 +12,7 @@
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
 # code slice from .devdata/data). Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git
 # may be older than the tree sent.
-set -u -o pipefail
-OUT=${1:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR}
-deadline=$(( $(date +%s) + ${2:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR} ))
-BASE=$(cd "${3:?usage: attention_ab.sh OUT_DIR SECONDS BASE_DIR}" && pwd)
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
-export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
-mkdir -p "$OUT/logs"
-arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
-( cd "$BASE" && CC=gcc CXX=g++ MAX_JOBS=8 TORCH_CUDA_ARCH_LIST=$arch python3 setup.py build_ext --inplace \
-    > "$OUT/logs/build-base.log" 2>&1; echo "base build exit $?" ) &
-MAX_JOBS=8 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
-wait
+source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() { cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 attention_fwd | grep -v "^--" | sed 's/.*attention_fwd_kernel/fwd/; s/EEvNS1_9FwdParamsE:/:/'; }
 echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-new.txt"
 echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"

@@ -10,18 +10,7 @@
 # configs/tscale-124m.toml (scripts/bench/arch_speed.py's `rate`: the real loop, torch.compile default mode,
 # batch 32 x 1024 of random ids) for this tree and BASE in turn, ROUNDS times (default 2; SKIP_TESTS=1 skips
 # the tests). Set TSCALE_COMMIT to this tree's commit.
-set -u -o pipefail
-OUT=${1:?usage: attention_layout_ab.sh OUT_DIR SECONDS BASE_DIR}
-deadline=$(( $(date +%s) + ${2:?usage: attention_layout_ab.sh OUT_DIR SECONDS BASE_DIR} ))
-BASE=$(cd "${3:?usage: attention_layout_ab.sh OUT_DIR SECONDS BASE_DIR}" && pwd)
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
-export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
-mkdir -p "$OUT/logs"
-arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
-( cd "$BASE" && CC=gcc CXX=g++ MAX_JOBS=8 TORCH_CUDA_ARCH_LIST=$arch python3 setup.py build_ext --inplace \
-    > "$OUT/logs/build-base.log" 2>&1; echo "base build exit $?" ) &
-MAX_JOBS=8 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
-wait
+source scripts/device/ab_builds.sh attention_layout_ab.sh "$@"
 [ "${SKIP_TESTS:-0}" = 1 ] || TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE tests/test_attention_kernel.py tests/test_tscale_arch.py \
   tests/test_train.py > "$OUT/logs/tests.log" 2>&1
 [ "${SKIP_TESTS:-0}" = 1 ] || { echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head; }

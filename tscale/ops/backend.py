@@ -42,6 +42,17 @@ def cuda_kernels_available() -> bool:
     return _load()[1]
 
 
+def op_defined(name: str) -> bool:
+    """Whether the op tscale::NAME has a schema (defined by the loaded extension or by Python)."""
+    import torch
+
+    try:
+        torch._C._get_schema(f"tscale::{name}", "")
+        return True
+    except RuntimeError:
+        return False
+
+
 def kernels_usable_on(device_type: str) -> bool:
     """Whether tscale._C kernels serve tensors of this device type ("cpu", "cuda", ...)."""
     if device_type == "cpu":

@@ -41,7 +41,7 @@ import os
 
 import torch
 
-from tscale.ops.backend import kernels_usable_on
+from tscale.ops.backend import kernels_usable_on, op_defined
 
 log = logging.getLogger("tscale.ops")
 
@@ -418,19 +418,11 @@ def scaled_mm_rows(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
     return torch.ops.tscale.scaled_mm_rows(a, b, scale_a, scale_b, out_dtype, fast_accum)
 
 
-def _op_defined(name: str) -> bool:
-    try:
-        torch._C._get_schema(f"tscale::{name}", "")
-        return True
-    except RuntimeError:
-        return False
-
-
 def _register_fake() -> None:
     """Shapes of the tscale._C ops for torch.compile (only those the built extension defines)."""
     if not kernels_usable_on("cpu"):  # tscale._C not loaded: no op to describe
         return
-    if _op_defined("quantize"):
+    if op_defined("quantize"):
         @torch.library.register_fake("tscale::quantize")
         def _(x, dtype, axis, transpose):
             M, K = x.shape
@@ -439,7 +431,7 @@ def _register_fake() -> None:
             q_t = x.new_empty((K, M) if transpose else (0,), dtype=dtype)
             return q, x.new_empty(scale_shape, dtype=torch.float32), q_t
 
-    if _op_defined("fp8_gemm"):
+    if op_defined("fp8_gemm"):
         @torch.library.register_fake("tscale::fp8_gemm")
         def _(a, b, scale_a, scale_b, out_dtype, fuse_scales=True, fast_accum=False):
             return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
