@@ -218,15 +218,15 @@ def _backward(ctx, grad):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-# The fused kernel's ops are the extension's own (csrc/attention/attention.cpp), called through an
-# autograd.Function: torch.library.custom_op's wrappers and its autograd registration cost the host
-# more per call than the kernels take at small shapes (scripts/bench/attention_host_cost.py).
 def _token_major(q: torch.Tensor) -> torch.Tensor:
     """A (B, H, T, D) tensor in (B, T, H, D) storage, as the kernels make out, dq, dk and dv."""
     B, H, T, D = q.shape
     return q.new_empty(B, T, H, D).transpose(1, 2)
 
 
+# The fused kernel's ops are the extension's own (csrc/attention/attention.cpp), called through an
+# autograd.Function: torch.library.custom_op's wrappers and its autograd registration cost the host
+# more per call than the kernels take at small shapes (scripts/bench/attention_host_cost.py).
 if kernels_usable_on("cpu") and op_defined("attention_fwd_cuda"):
     @torch.library.register_fake("tscale::attention_fwd_cuda")
     def _kernel_fwd_fake(q, k, v, doc_ids, window, sink, scale):
