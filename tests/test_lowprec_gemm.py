@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tscale.ops import lowprec
+from tscale.ops.backend import op_defined
 from tscale.ops.lowprec import fp8_mm, int8_mm, product_paths, quantize
 
 E4M3, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
@@ -131,7 +132,7 @@ def test_scaled_mm_rows_plan_that_raises_falls_back_for_good(monkeypatch):
     assert len(calls) == 1 and lowprec._row_plans[key] is None
 
 
-@pytest.mark.skipif(not lowprec._op_defined("fp8_gemm"), reason="tscale._C built without the GEMM op schemas")
+@pytest.mark.skipif(not op_defined("fp8_gemm"), reason="tscale._C built without the GEMM op schemas")
 def test_fake_implementations_give_shapes_and_dtypes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -353,7 +354,7 @@ def test_cutlass_int8_products_scale_the_exact_sums_once(cutlass_int8, op, M, K,
 @pytest.mark.parametrize("M, K, N", [(16384, 1600, 4800), (333, 784, 520), (1, 1600, 6400)])
 def test_cutlass_candidate_configurations_match_the_exact_sums(cutlass_int8, config, M, K, N):
     """The Hopper kernel's other configurations (TSCALE_CUTLASS_CANDIDATES=1 builds): the same result rules."""
-    if torch.cuda.get_device_capability() != (9, 0) or not lowprec._op_defined("int8_scaled_mm_sm90_candidate"):
+    if torch.cuda.get_device_capability() != (9, 0) or not op_defined("int8_scaled_mm_sm90_candidate"):
         pytest.skip("needs compute capability 9.0 and a build with TSCALE_CUTLASS_CANDIDATES=1")
     a, b, sa, sb = operands(M, K, N, INT8, True, seed=M + config, device="cuda")
     out = torch.ops.tscale.int8_scaled_mm_sm90_candidate(a, b, sa.reshape(-1).contiguous(), sb.reshape(-1).contiguous(),

@@ -115,7 +115,7 @@ def product_fns(M: int, K: int, N: int, device: torch.device) -> tuple[dict, dic
         cutlass_mm = lowprec._cutlass_op(xi8.device.index)
         fns["int8_cutlass"] = lambda: cutlass_mm(xi8, wi8.t(), sxi_v, swi_v)
         refs["int8_cutlass"] = lambda: exact(xi8, wi8, sxi, swi_t)
-        if lowprec._op_defined("int8_scaled_mm_sm90_candidate") and torch.cuda.get_device_capability() == (9, 0):
+        if backend.op_defined("int8_scaled_mm_sm90_candidate") and torch.cuda.get_device_capability() == (9, 0):
             for n in CUTLASS_CANDIDATES:
                 fns[f"int8_cutlass_c{n}"] = lambda n=n: ops_candidate(xi8, wi8.t(), sxi_v, swi_v, n)
                 refs[f"int8_cutlass_c{n}"] = refs["int8_cutlass"]
