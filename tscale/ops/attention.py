@@ -330,7 +330,7 @@ def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
     if path == "flex":
         _say_once("attention: FlexAttention (compiled on CUDA)")
         return attention_flex(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
-    _say_once("attention: torch reference (custom op tscale::attention)")
+    _say_once("attention: torch reference (the custom op tscale::attention where gradients are needed)")
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # nothing to differentiate (decoding, evaluation): the plain ops, without the custom op's wrappers
         return attention_reference(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
