@@ -169,11 +169,15 @@ def flex_inputs(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: boo
     return k, v, block_mask
 
 
+def _needs_grad(q, k, v) -> bool:
+    """Whether this call's result will be differentiated (autograd on and an input that requires grad)."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def attention_flex(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
                    scale: float) -> torch.Tensor:
     """FlexAttention with a BlockMask of the same rule; where flex cannot run (CPU backward), the reference."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if not q.is_cuda and needs_grad:
+    if not q.is_cuda and _needs_grad(q, k, v):
         _say_once("FlexAttention has no backward on CPU; attention_flex runs the reference there")
         return attention_reference(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     k, v, block_mask = flex_inputs(q, k, v, window=window, doc_ids=doc_ids, sink=sink)
@@ -331,7 +335,7 @@ def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
         _say_once("attention: FlexAttention (compiled on CUDA)")
         return attention_flex(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     _say_once("attention: torch reference (the custom op tscale::attention where gradients are needed)")
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not _needs_grad(q, k, v):
         # nothing to differentiate (decoding, evaluation): the plain ops, without the custom op's wrappers
         return attention_reference(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     return _attention_op(q, k, v, doc_ids, window, sink, scale)
