@@ -295,22 +295,34 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
   }
 }
 
-// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back from the fragment order; two dims per thread.
+// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back from the fragment order.
+// A thread takes one query row r of one 16-query group and one 8-dim block n: the row's 8 floats
+// are fragment elements c (even dims) and c + 1 (odd dims), c = 2 (r / 8), of lanes 4 (r % 8) ..
+// 4 (r % 8) + 3, i.e. two 16-byte loads; the row's 8 bf16 go out as one 16-byte store. Threads run
+// r fastest, then n: a warp reads two whole 512-byte blocks and writes 32 contiguous bytes of each
+// of 16 rows.
 template <int D>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
-  const int64_t n = static_cast<int64_t>(p.B) * p.H * p.T * (D / 2);
+  constexpr int kNB = D / 8;  // 8-dim blocks
+  const int groups = p.T_pad / 16;
+  const int64_t n = static_cast<int64_t>(p.B) * p.H * groups * kNB * 16;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % (D / 2)) * 2;
-    const int64_t row = i / (D / 2);  // over B * H * T
-    const int t = static_cast<int>(row % p.T);
-    const int64_t bh = row / p.T;
-    const float* blk = p.dq_accum + bh * p.T_pad * D + (static_cast<int64_t>(t >> 4) * (D / 8) + (d >> 3)) * 128;
-    const int r = t & 15;
-    const int lane = (r & 7) * 4 + ((d & 7) >> 1);  // groupID = row % 8, threadID_in_group = column / 2
-    const int c = (r >> 3) * 2;                     // c0/c1 for rows 0-7, c2/c3 for rows 8-15
-    *reinterpret_cast<uint32_t*>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h + t * p.sg.t + d) =
-        pack_bf16(blk[c * 32 + lane] * p.scale, blk[(c + 1) * 32 + lane] * p.scale);
+    const int r = static_cast<int>(i % 16);
+    const int nb = static_cast<int>(i / 16 % kNB);
+    const int64_t g16 = i / (16 * kNB);  // over B * H * groups
+    const int t = static_cast<int>(g16 % groups) * 16 + r;
+    if (t >= p.T) continue;
+    const int64_t bh = g16 / groups;
+    const float* blk = p.dq_accum + (g16 * kNB + nb) * 128;  // = bh * T_pad * D + (q16 * D/8 + nb) * 128
+    const int c = (r >> 3) * 2, lanes = (r & 7) * 4;
+    float even[4], odd[4];  // dims 0, 2, 4, 6 and 1, 3, 5, 7 of the block
+    load_f32x4(even, blk + c * 32 + lanes);
+    load_f32x4(odd, blk + (c + 1) * 32 + lanes);
+    const float sc = p.scale;
+    store_u32x4(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h + static_cast<int64_t>(t) * p.sg.t + nb * 8,
+                pack_bf16(even[0] * sc, odd[0] * sc), pack_bf16(even[1] * sc, odd[1] * sc),
+                pack_bf16(even[2] * sc, odd[2] * sc), pack_bf16(even[3] * sc, odd[3] * sc));
   }
 }
 
@@ -383,7 +395,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   const int64_t delta_blocks = (rows + kWarps - 1) / kWarps;
   TORCH_CHECK(delta_blocks <= INT_MAX, op, ": too many rows");
   const dim3 grid(n_tiles, H, B);
-  const int64_t dq_blocks = std::min<int64_t>((rows * (D / 2) + 255) / 256, int64_t{1} << 20);
+  const int64_t dq_threads = static_cast<int64_t>(B) * H * p.T_pad * (D / 8);  // a row of 8 dims each
+  const int64_t dq_blocks = std::min<int64_t>((dq_threads + 255) / 256, int64_t{1} << 20);
   if (D == 64) {
     launch_kernel(attention_bwd_delta_kernel<64>, dim3(delta_blocks), dim3(kThreads), 0, p);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, p);

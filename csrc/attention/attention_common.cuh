@@ -193,22 +193,28 @@ __device__ __forceinline__ int block_extreme(int* slot, bool has, int value, int
   return r;
 }
 
-// Per-32-position document-id ranges: dmin/dmax (B, n_stat) from doc (B, T). One thread per range.
-__global__ void doc_stats_kernel(const int32_t* __restrict__ doc, int32_t* __restrict__ dmin,
-                                 int32_t* __restrict__ dmax, int B, int T, int n_stat) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(B) * n_stat) return;
+// Per-32-position document-id ranges: dmin/dmax (B, n_stat) from doc (B, T). One warp per range:
+// lane j reads position 32 s + j (a warp's loads are one 128-byte line), then a butterfly of
+// shuffles leaves the range's min and max in every lane.
+__global__ void __launch_bounds__(kThreads) doc_stats_kernel(const int32_t* __restrict__ doc,
+                                                             int32_t* __restrict__ dmin, int32_t* __restrict__ dmax,
+                                                             int B, int T, int n_stat) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // over B * n_stat
+  if (i >= static_cast<int64_t>(B) * n_stat) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32;
   const int64_t b = i / n_stat;
-  const int s = static_cast<int>(i % n_stat);
-  const int32_t* row = doc + b * T;
-  const int end = imin(T, (s + 1) * kStatTile);
-  int lo = INT_MAX, hi = INT_MIN;
-  for (int j = s * kStatTile; j < end; ++j) {
-    lo = imin(lo, row[j]);
-    hi = imax(hi, row[j]);
+  const int j = static_cast<int>(i % n_stat) * kStatTile + lane;
+  const bool in = j < T;  // the last range of a row may be short
+  int lo = in ? doc[b * T + j] : INT_MAX, hi = in ? doc[b * T + j] : INT_MIN;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    lo = imin(lo, warp_xor_i32(lo, m));
+    hi = imax(hi, warp_xor_i32(hi, m));
   }
-  dmin[i] = lo;
-  dmax[i] = hi;
+  if (lane == 0) {
+    dmin[i] = lo;
+    dmax[i] = hi;
+  }
 }
 
 }  // namespace

@@ -73,9 +73,8 @@ struct DocStats {
 
 inline DocStats doc_stats(const at::Tensor& docs, int B, int T, int n_stat) {
   DocStats s{at::empty({B, n_stat}, docs.options()), at::empty({B, n_stat}, docs.options())};
-  const int64_t n = static_cast<int64_t>(B) * n_stat;
-  const int threads = 256;
-  launch_kernel(doc_stats_kernel, dim3(static_cast<unsigned>((n + threads - 1) / threads)), dim3(threads), 0,
+  const int64_t warps = static_cast<int64_t>(B) * n_stat;  // one per range
+  launch_kernel(doc_stats_kernel, dim3(static_cast<unsigned>((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0,
                 docs.data_ptr<int32_t>(), s.dmin.data_ptr<int32_t>(), s.dmax.data_ptr<int32_t>(), B, T, n_stat);
   return s;
 }

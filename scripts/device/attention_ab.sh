@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# The fused attention kernel of this tree against another build of it, on one GPU, in one call.
+# The fused attention kernel of this tree against other builds of it, on one GPU, in one call.
 #
-#   bash scripts/device/attention_ab.sh OUT_DIR SECONDS BASE_DIR     (repository root, on the GPU machine)
+#   bash scripts/device/attention_ab.sh OUT_DIR SECONDS BASE_DIR [OTHER_DIR ...]     (repository root, on the GPU machine)
 #
-# BASE_DIR: a copy of setup.py, pyproject.toml, csrc/ and tscale/ of the tree to compare against (e.g.
-# `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried). Both are
-# built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
-# scripts/bench/attention_profile.py for this tree and BASE in turn, twice (kernel time per forward +
-# backward call by kernel, records OUT_DIR/profile-{new,base}-{1,2}.json); scripts/bench/attention_kernel.py
-# (docs/bench/attention_kernel.json); the resources (registers, spills) of both builds' forward kernels;
+# BASE_DIR (and each OTHER_DIR): a copy of setup.py, pyproject.toml, csrc/ and tscale/ of a tree to compare
+# against (e.g. `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried).
+# All are built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
+# scripts/bench/attention_profile.py for this tree and each other tree in turn, twice (kernel time per forward +
+# backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-{1,2}.json); scripts/bench/attention_kernel.py
+# (docs/bench/attention_kernel.json); the resources (registers, spills) of this tree's and BASE_DIR's kernels;
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
 # code slice from .devdata/data). Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git
 # may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
-usage() { cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 attention_fwd | grep -v "^--" | sed 's/.*attention_fwd_kernel/fwd/; s/EEvNS1_9FwdParamsE:/:/'; }
+usage() { cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 "attention_\|doc_stats" | grep -v "^--" | sed 's/.*attn[0-9]*_*[0-9]*//'; }
 echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-new.txt"
 echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"
 TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py 2>&1 \
@@ -24,10 +24,12 @@ profile() {  # NAME PYTHONPATH-FIRST
     --out "$OUT/profile-$name.json" > "$OUT/logs/profile-$name.log" 2>&1
   echo "$name: $(grep -E "per forward" "$OUT/logs/profile-$name.log" | tr '\n' ' ')"
 }
-(cd /tmp && PYTHONPATH="$BASE:/tmp/site" python3 -c "import tscale; print('base imports', tscale.__file__)")
+for dir in "${BASES[@]}"; do
+  (cd /tmp && PYTHONPATH="$dir:/tmp/site" python3 -c "import tscale; print('$(basename "$dir") imports', tscale.__file__)")
+done
 for round in 1 2; do
   profile "new-$round" "$PWD"
-  profile "base-$round" "$BASE"
+  for dir in "${BASES[@]}"; do profile "$(basename "$dir")-$round" "$dir"; done
 done
 timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attention_kernel.log" 2>&1
 echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"

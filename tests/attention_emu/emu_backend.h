@@ -195,22 +195,37 @@ inline void cp_async_wait() {
   }
 }
 
+template <typename V>
 struct ShuffleOperand {
-  float v;
+  V v;
   int mask;
 };
 
-inline float warp_xor(float v, int mask) {
-  const ShuffleOperand op{v, mask};
-  float result = 0.f;
-  emu::collective(4, &op, &result, [](emu::Fiber** lanes) {
-    const int mask = static_cast<const ShuffleOperand*>(lanes[0]->in)->mask;
+template <typename V>
+inline V warp_xor_any(V v, int mask, int collective_id) {
+  const ShuffleOperand<V> op{v, mask};
+  V result{};
+  emu::collective(collective_id, &op, &result, [](emu::Fiber** lanes) {
+    const int mask = static_cast<const ShuffleOperand<V>*>(lanes[0]->in)->mask;
     for (int L = 0; L < 32; ++L) {
-      if (static_cast<const ShuffleOperand*>(lanes[L]->in)->mask != mask) emu::fail("warp_xor: lanes differ in mask");
-      *static_cast<float*>(lanes[L]->out) = static_cast<const ShuffleOperand*>(lanes[L ^ mask]->in)->v;
+      if (static_cast<const ShuffleOperand<V>*>(lanes[L]->in)->mask != mask) emu::fail("warp_xor: lanes differ in mask");
+      *static_cast<V*>(lanes[L]->out) = static_cast<const ShuffleOperand<V>*>(lanes[L ^ mask]->in)->v;
     }
   });
   return result;
+}
+
+inline float warp_xor(float v, int mask) { return warp_xor_any(v, mask, 4); }
+inline int warp_xor_i32(int v, int mask) { return warp_xor_any(v, mask, 5); }
+
+inline void load_f32x4(float (&v)[4], const float* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_f32x4 at an address that is not 16-byte aligned");
+  std::memcpy(v, p, 16);
+}
+inline void store_u32x4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_u32x4 at an address that is not 16-byte aligned");
+  const uint32_t w[4] = {a, b, c, d};
+  std::memcpy(p, w, 16);
 }
 
 // Fibers never run at once, so read-modify-write is atomic here.
