@@ -10,7 +10,7 @@
 # backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-{1,2}.json); scripts/bench/attention_kernel.py
 # (docs/bench/attention_kernel.json); the resources (registers, spills) of this tree's and BASE_DIR's kernels;
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
-# code slice from .devdata/data). Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git
+# code slice from .devdata/data, 3 steps profiled; OUT_DIR/model-<name>/results.json) for this tree and each other. Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git
 # may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() { cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 "attention_\|doc_stats" | grep -v "^--" | sed 's/.*attn[0-9]*_*[0-9]*//'; }
@@ -39,8 +39,12 @@ if [ ! -f $tok/manifest.json ]; then
   timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz .devdata/data/code-slice.jsonl.xz \
     --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 0
 fi
-timeout "$(left)" python3 scripts/bench/architecture.py attention --tokens $tok --out-dir "$OUT" \
-  > "$OUT/logs/architecture-attention.log" 2>&1
-echo "architecture.py attention exit $?"; grep -E "^attention T=" "$OUT/logs/architecture-attention.log"
-cp .cache/issue3/results.json "$OUT/" 2>/dev/null
+model_cost() {  # NAME PYTHONPATH-FIRST: the attention of a tscale 124M step, timed and profiled (3 steps)
+  local name=$1 root=$2
+  PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/architecture.py attention --tokens $tok \
+    --work "$OUT/model-$name" --out-dir "$OUT/model-$name" --profile-steps 3 > "$OUT/logs/model-$name.log" 2>&1
+  echo "$name: $(grep -E "^attention T=" "$OUT/logs/model-$name.log" | cut -c1-60 | tr '\n' ' ')"
+}
+model_cost new "$PWD"
+for dir in "${BASES[@]}"; do model_cost "$(basename "$dir")" "$dir"; done
 true
