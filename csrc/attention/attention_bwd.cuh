@@ -50,16 +50,14 @@ struct BwdLayout {
   static constexpr size_t kBytes = kSlot + 16;
 };
 
-// Grid (ceil(T / kWarps), H, B): warp w of block x takes query row x * kWarps + w.
 template <int D>
 __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const BwdParams p) {
   constexpr int kPer = D / 32;  // elements per lane
   const int lane = threadIdx.x % 32;
-  const int t = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
-  if (t >= p.T) return;  // whole warps leave together
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-  const int64_t row = bh * p.T + t;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // over B * H * T
+  if (row >= static_cast<int64_t>(p.B) * p.H * p.T) return;  // whole warps leave together
+  const int64_t t = row % p.T, bh = row / p.T;
+  const int64_t h = bh % p.H, b = bh / p.H;
   const uint16_t* o = p.o + b * p.so.b + h * p.so.h + t * p.so.t + lane * kPer;
   const uint16_t* d = p.dout + b * p.sdo.b + h * p.sdo.h + t * p.sdo.t + lane * kPer;
   float acc = 0.f;
@@ -71,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
   // Zero this row's share of dq_accum (D floats at row t of its (b, h); the last row also zeroes
   // the padding rows up to T_pad, which hold fragments of the last 16-row block when T % 16 != 0).
   float* dqa = p.dq_accum + bh * p.T_pad * D;
-  const int64_t end = t == p.T - 1 ? static_cast<int64_t>(p.T_pad) * D : static_cast<int64_t>(t + 1) * D;
-  for (int64_t i = static_cast<int64_t>(t) * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
+  const int64_t end = t == p.T - 1 ? static_cast<int64_t>(p.T_pad) * D : (t + 1) * D;
+  for (int64_t i = t * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
 }
 
 template <int D>
@@ -297,29 +295,23 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
   }
 }
 
-// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back from the fragment order.
-// Grid (T_pad / 16, H, B), 16 * D / 8 threads: thread (r, n) = (tid % 16, tid / 16) takes query row r
-// of the block's 16-query group and the 8-dim block n. The row's 8 floats are fragment elements c
-// (even dims) and c + 1 (odd dims), c = 2 (r / 8), of lanes 4 (r % 8) .. 4 (r % 8) + 3: two 16-byte
-// loads; its 8 bf16 go out as one 16-byte store. A warp reads two whole 512-byte blocks and writes
-// 32 contiguous bytes of each of 16 rows.
+// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back from the fragment order; two dims per thread.
 template <int D>
-__global__ void __launch_bounds__(2 * D) attention_bwd_dq_kernel(const BwdParams p) {
-  constexpr int kNB = D / 8;  // 8-dim blocks
-  const int r = threadIdx.x % 16, nb = threadIdx.x / 16;
-  const int t = static_cast<int>(blockIdx.x) * 16 + r;
-  if (t >= p.T) return;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-  const float* blk = p.dq_accum + bh * p.T_pad * D + (static_cast<int64_t>(blockIdx.x) * kNB + nb) * 128;
-  const int c = (r >> 3) * 2, lanes = (r & 7) * 4;
-  float even[4], odd[4];  // dims 0, 2, 4, 6 and 1, 3, 5, 7 of the block
-  load_f32x4(even, blk + c * 32 + lanes);
-  load_f32x4(odd, blk + (c + 1) * 32 + lanes);
-  const float sc = p.scale;
-  store_u32x4(p.dq + b * p.sg.b + h * p.sg.h + static_cast<int64_t>(t) * p.sg.t + nb * 8,
-              pack_bf16(even[0] * sc, odd[0] * sc), pack_bf16(even[1] * sc, odd[1] * sc),
-              pack_bf16(even[2] * sc, odd[2] * sc), pack_bf16(even[3] * sc, odd[3] * sc));
+__global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
+  const int64_t n = static_cast<int64_t>(p.B) * p.H * p.T * (D / 2);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % (D / 2)) * 2;
+    const int64_t row = i / (D / 2);  // over B * H * T
+    const int t = static_cast<int>(row % p.T);
+    const int64_t bh = row / p.T;
+    const float* blk = p.dq_accum + bh * p.T_pad * D + (static_cast<int64_t>(t >> 4) * (D / 8) + (d >> 3)) * 128;
+    const int r = t & 15;
+    const int lane = (r & 7) * 4 + ((d & 7) >> 1);  // groupID = row % 8, threadID_in_group = column / 2
+    const int c = (r >> 3) * 2;                     // c0/c1 for rows 0-7, c2/c3 for rows 8-15
+    *reinterpret_cast<uint32_t*>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h + t * p.sg.t + d) =
+        pack_bf16(blk[c * 32 + lane] * p.scale, blk[(c + 1) * 32 + lane] * p.scale);
+  }
 }
 
 // The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage (token_major).
@@ -387,17 +379,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
     p.doc_min = stats.dmin.data_ptr<int32_t>();
     p.doc_max = stats.dmax.data_ptr<int32_t>();
   }
+  const int64_t rows = static_cast<int64_t>(B) * H * T;
+  const int64_t delta_blocks = (rows + kWarps - 1) / kWarps;
+  TORCH_CHECK(delta_blocks <= INT_MAX, op, ": too many rows");
   const dim3 grid(n_tiles, H, B);
-  const dim3 delta_grid((T + kWarps - 1) / kWarps, H, B);
-  const dim3 dq_grid(p.T_pad / 16, H, B);
+  const int64_t dq_blocks = std::min<int64_t>((rows * (D / 2) + 255) / 256, int64_t{1} << 20);
   if (D == 64) {
-    launch_kernel(attention_bwd_delta_kernel<64>, delta_grid, dim3(kThreads), 0, p);
+    launch_kernel(attention_bwd_delta_kernel<64>, dim3(delta_blocks), dim3(kThreads), 0, p);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, p);
-    launch_kernel(attention_bwd_dq_kernel<64>, dq_grid, dim3(2 * 64), 0, p);
+    launch_kernel(attention_bwd_dq_kernel<64>, dim3(dq_blocks), dim3(256), 0, p);
   } else {
-    launch_kernel(attention_bwd_delta_kernel<128>, delta_grid, dim3(kThreads), 0, p);
+    launch_kernel(attention_bwd_delta_kernel<128>, dim3(delta_blocks), dim3(kThreads), 0, p);
     launch_kernel(attention_bwd_kernel<128>, grid, dim3(kThreads), BwdLayout<128>::kBytes, p);
-    launch_kernel(attention_bwd_dq_kernel<128>, dq_grid, dim3(2 * 128), 0, p);
+    launch_kernel(attention_bwd_dq_kernel<128>, dim3(dq_blocks), dim3(256), 0, p);
   }
   return {dq, dk, dv};
 }

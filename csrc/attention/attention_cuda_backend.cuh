@@ -75,16 +75,6 @@ __device__ __forceinline__ float bf16_to_float(uint16_t x) { return __uint_as_fl
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 __device__ __forceinline__ int warp_xor_i32(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
-// Four floats from a 16-byte aligned global address, one load.
-__device__ __forceinline__ void load_f32x4(float (&v)[4], const float* p) {
-  const float4 r = *reinterpret_cast<const float4*>(p);
-  v[0] = r.x, v[1] = r.y, v[2] = r.z, v[3] = r.w;
-}
-// Four 32-bit words to a 16-byte aligned global address, one store.
-__device__ __forceinline__ void store_u32x4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
-}
-
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 // Four zero floats at a 16-byte aligned global address, one store.
 __device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }

@@ -218,16 +218,6 @@ inline V warp_xor_any(V v, int mask, int collective_id) {
 inline float warp_xor(float v, int mask) { return warp_xor_any(v, mask, 4); }
 inline int warp_xor_i32(int v, int mask) { return warp_xor_any(v, mask, 5); }
 
-inline void load_f32x4(float (&v)[4], const float* p) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_f32x4 at an address that is not 16-byte aligned");
-  std::memcpy(v, p, 16);
-}
-inline void store_u32x4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_u32x4 at an address that is not 16-byte aligned");
-  const uint32_t w[4] = {a, b, c, d};
-  std::memcpy(p, w, 16);
-}
-
 // Fibers never run at once, so read-modify-write is atomic here.
 inline void atomic_add_f32(float* p, float v) { *p += v; }
 inline void store_zero_16(float* p) {
