@@ -1,0 +1,118 @@
+"""Where the Muon + AdamW step of the tscale 124M model spends its GPU time: kernels by kind, eager and compiled.
+
+    python scripts/bench/muon_profile.py [--config configs/tscale-124m.toml] [--steps 20] [--out FILE.json]
+
+The preset's model on the GPU with random gradients (as arch_profile.py times the optimizer); for each
+variant, step() timed with CUDA events (`steps` calls after 3) and profiled (5 calls): GPU time per step
+by kernel, grouped into matrix products, multi-tensor (_foreach) kernels and the rest, and the host's
+time to issue one step. Variants: `eager` (tscale.optim.muon as it is) and `compiled_ns` (its
+Newton-Schulz iteration through torch.compile, so the casts and the normalisation around the products
+fuse). Both start from the same parameters and gradients; the compiled variant's updates are checked
+against the eager ones.
+"""
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, git_commit, gpu_name  # noqa: E402
+
+import tscale.optim.muon as muon  # noqa: E402
+from tscale.config import load_config  # noqa: E402
+from tscale.model import build_model  # noqa: E402
+from tscale.optim import build_optimizer  # noqa: E402
+
+KINDS = {"matmul": ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "cublas"),
+         "foreach": ("multi_tensor_apply",)}
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((k for k, keys in KINDS.items() if any(s in low for s in keys)), "other")
+
+
+def setup(config: Path, seed: int = 0):
+    cfg = load_config(config, ["model.vocab_size=50257", "model.eos_id=50256"])
+    torch.manual_seed(seed)
+    model = build_model(cfg.model).cuda()
+    opt = build_optimizer(model, cfg.optim, torch.device("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, device="cuda", generator=g) * 1e-3
+    for group in opt.param_groups:
+        group["lr"] = cfg.optim.lr
+    return model, opt
+
+
+def measure(opt, steps: int) -> dict:
+    for _ in range(3):
+        opt.step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = 0.0
+    start.record()
+    for _ in range(steps):
+        t = time.perf_counter()
+        opt.step()
+        host += time.perf_counter() - t
+    end.record()
+    torch.cuda.synchronize()
+    wall = start.elapsed_time(end) / steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            opt.step()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] += e.device_time / 1000.0 / 5
+    by_kind: dict[str, float] = defaultdict(float)
+    for name, ms in kernels.items():
+        by_kind[kind_of(name)] += ms
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    return {"step_ms": round(wall, 3), "host_ms_per_step": round(host / steps * 1e3, 3),
+            "kernel_ms": round(sum(kernels.values()), 3), "kernel_ms_by_kind": {k: round(v, 3) for k, v in by_kind.items()},
+            "launches_per_step": round(sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / 5),
+            "top_kernels_ms": [[n[:100], round(ms, 3)] for n, ms in top]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=REPO / "configs" / "tscale-124m.toml")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("muon_profile: needs a CUDA GPU")
+    record = {"gpu": gpu_name(), "torch": torch.__version__, "commit": git_commit(), "config": str(args.config),
+              "variants": {}}
+    eager_ns = muon.orthogonalize
+    results = {}
+    for variant in ("eager", "compiled_ns"):
+        muon.orthogonalize = eager_ns if variant == "eager" else torch.compile(eager_ns, dynamic=False)
+        model, opt = setup(args.config)
+        first = [p.detach().clone() for p in model.parameters()]
+        opt.step()
+        results[variant] = [(p.detach() - f).float() for p, f in zip(model.parameters(), first)]
+        record["variants"][variant] = r = measure(opt, args.steps)
+        print(f"{variant}: step {r['step_ms']:.3f} ms (host {r['host_ms_per_step']:.3f}), kernels {r['kernel_ms']:.3f} "
+              f"ms {r['kernel_ms_by_kind']}, {r['launches_per_step']} launches")
+        for name, ms in r["top_kernels_ms"]:
+            print(f"    {ms:8.3f}  {name}")
+    diff = max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(*results.values()))
+    record["compiled_ns_max_rel_diff_first_update"] = diff
+    print(f"compiled_ns against eager, first update: max relative difference {diff:.2e}")
+    muon.orthogonalize = eager_ns
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
