@@ -12,7 +12,6 @@ with the eager one (--variants picks either).
 """
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -23,6 +22,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, git_commit, gpu_name  # noqa: E402
+
+from tscale.fileio import write_json_atomic  # noqa: E402
 
 import tscale.optim.muon as muon  # noqa: E402
 from tscale.config import load_config  # noqa: E402
@@ -92,8 +93,11 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("muon_profile: needs a CUDA GPU")
-    record = {"gpu": gpu_name(), "torch": torch.__version__, "commit": git_commit(), "config": str(args.config),
-              "variants": {}}
+    record = {"benchmark": "muon_profile", "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+              "gpu": gpu_name(), "torch": torch.__version__,
+              "command": f"python scripts/bench/muon_profile.py --config {args.config} --variants {' '.join(args.variants)}",
+              "metrics": {}, "notes": f"Muon + AdamW step of {args.config} on random gradients: CUDA events over "
+                                      f"{args.steps} calls after 3, kernels profiled over 5 calls."}
     eager_ns = muon.orthogonalize
     results = {}
     for variant in args.variants:
@@ -102,18 +106,22 @@ def main() -> None:
         first = [p.detach().clone() for p in model.parameters()]
         opt.step()
         results[variant] = [(p.detach() - f).float() for p, f in zip(model.parameters(), first)]
-        record["variants"][variant] = r = measure(opt, args.steps)
+        r = measure(opt, args.steps)
+        suffix = "" if variant == "eager" else f"_{variant}"
+        record["metrics"].update({f"optimizer_step_ms{suffix}": r["step_ms"], f"optimizer_kernel_ms{suffix}": r["kernel_ms"],
+                                  f"optimizer_launches_per_step{suffix}": r["launches_per_step"],
+                                  **{f"optimizer_{kind}_kernel_ms{suffix}": ms for kind, ms in r["kernel_ms_by_kind"].items()}})
         print(f"{variant}: step {r['step_ms']:.3f} ms (host {r['host_ms_per_step']:.3f}), kernels {r['kernel_ms']:.3f} "
               f"ms {r['kernel_ms_by_kind']}, {r['launches_per_step']} launches")
         for name, ms in r["top_kernels_ms"]:
             print(f"    {ms:8.3f}  {name}")
     if len(results) == 2:
         diff = max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(*results.values()))
-        record["compiled_ns_max_rel_diff_first_update"] = diff
+        record["metrics"]["compiled_ns_max_rel_diff_first_update"] = diff
         print(f"compiled_ns against eager, first update: max relative difference {diff:.2e}")
     muon.orthogonalize = eager_ns
     if args.out:
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        write_json_atomic(args.out, record)
 
 
 if __name__ == "__main__":
