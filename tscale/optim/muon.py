@@ -6,10 +6,10 @@ sqrt(max(1, rows / cols)); decoupled weight decay. The embedding, the head and v
 gains, biases) take AdamW steps with their own rates.
 
 A step is launched per group, not per parameter: the momentum updates are torch's multi-tensor
-(_foreach) ops, the AdamW updates its fused AdamW kernel, and the matrices of one shape (a layer's
-qkv across all layers, say) are orthogonalised together as one batch of matrix products. The arithmetic per matrix
-is the same; what shrinks is the number of kernel launches, which bounds a small model's
-optimizer step on a GPU (hundreds per matrix otherwise).
+(_foreach) ops, the AdamW updates its fused AdamW kernel, and the matrices of one shape (a
+layer's qkv across all layers, say) are orthogonalised together as one batch of matrix products.
+The arithmetic per matrix is the same; what shrinks is the number of kernel launches, which
+bounds a small model's optimizer step on a GPU (hundreds per matrix otherwise).
 
 Each param group has "kind" ("muon" or "adam") and "lr_scale": the training loop writes the
 schedule's value for optim.lr into group["lr"], and a group steps with group["lr"] * group["lr_scale"],
