@@ -340,6 +340,32 @@ def test_forced_paths_agree_on_cpu(monkeypatch):
         torch.testing.assert_close(attention(q, k, v, impl=impl, **kw), want, atol=2e-5, rtol=1e-4)
 
 
+def test_sdpa_path_is_plain_causal_attention_and_refuses_masks(monkeypatch):
+    """The benchmarks' baseline: forced only, exact on plain causal calls, an error for any other mask."""
+    monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
+    q, k, v, do, docs = _case(2, 2, 33, 64, "sparse", seed=6)
+    q, k, v, do = q.float(), k.float(), v.float(), do.float()
+    assert attention_path(q, k, v) != "sdpa"  # never the automatic choice
+    plain = dict(window=0, doc_ids=None, sink=False, scale=0.2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*leaves, impl="sdpa", **plain)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = attention_reference(*ref_leaves, **plain)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4)
+    for g, w in zip(torch.autograd.grad(out, leaves, do), torch.autograd.grad(want, ref_leaves, do)):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(attention(q, k, v, impl="sdpa", **{**plain, "window": 33}), want.detach(),
+                               atol=1e-5, rtol=1e-4)  # a window as long as the sequence hides nothing
+    for change, reason in (({"window": 8}, "window 8"), ({"doc_ids": docs}, "document ids"),
+                           ({"sink": True}, "sink")):
+        with pytest.raises(ValueError, match=reason):
+            attention(q, k, v, impl="sdpa", **{**plain, **change})
+    with pytest.raises(ValueError, match="cached decoding"):
+        attention(q[:, :, -1:], k, v, impl="sdpa", **plain)
+    monkeypatch.setenv("TSCALE_ATTENTION", "sdpa")
+    assert attention_path(q, k, v) == "sdpa"
+
+
 def test_kernel_ops_have_schemas_and_no_cpu_kernel():
     if not kernels_available():
         pytest.skip("tscale._C is not built")

@@ -1,7 +1,7 @@
 """Where a training step's GPU time goes, gpt2 against tscale at 124M: kernels per step and the optimizer alone.
 
     python scripts/bench/arch_profile.py TOKENS [--archs gpt2 tscale] [--warmup 8] [--active 3] [--top 25]
-                                         [--out PATH]
+                                         [--seq-len 1024] [--out PATH]
 
 For each preset of arch_speed.py: the real loop (`tscale.train.loop.train_run`, torch.compile in
 default mode, so that every kernel is visible to the profiler; CUDA graphs would hide them) runs
@@ -11,6 +11,14 @@ per step, and the same time grouped into matrix products, attention, the optimiz
 the rest. The optimizer is also timed alone: the model's parameters given random gradients, its
 step() timed with CUDA events, so that Muon's Newton-Schulz iterations can be set against AdamW.
 Writes the tables as JSON to --out (the default: docs/bench/arch_profile.json).
+
+The attention-cost target measured inside the real step: `--archs tscale tscale_sdpa` profiles the
+tscale model as configured and the same model with every layer global, no document mask and no
+sink, its attention torch's causal SDPA (arch_speed.py's tscale_sdpa preset), and reports
+attention_in_step_ratio = the first's attention kernels / the second's (every kernel of either
+attention path, its small pre- and post-passes included), with --seq-len for T 4096. Unlike
+scripts/bench/attention_cost.py, which times the recorded calls on their own, this counts only GPU
+time and only what the training step itself launches.
 """
 
 import argparse
@@ -19,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arch_speed import ARCHS, EXTRA  # noqa: E402
+from arch_speed import ARCHS, EXTRA, preset_env  # noqa: E402
 from common import REPO  # noqa: E402
 
 import torch  # noqa: E402
@@ -33,7 +41,7 @@ from tscale.train.loop import train_run  # noqa: E402
 
 # substrings of kernel names, by group; the first group that matches wins
 GROUPS = {
-    "attention": ("attention", "flash", "fmha", "attn"),
+    "attention": ("attention", "flash", "fmha", "attn", "sdpa", "dot_do_o", "convert_dq", "doc_stats"),
     "matmul": ("gemm", "xmma", "nvjet", "cutlass", "sm90_", "sm80_", "wgmma", "ampere_", "cublas"),
 }
 
@@ -59,13 +67,15 @@ def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True) -> dict[str
     return times
 
 
-def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int) -> dict[str, float]:
+def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int,
+                 seq_len: int = 1024) -> dict[str, float]:
     """GPU milliseconds per step of every kernel name over `active` profiled steps of the real loop."""
-    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []),
+    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []), f"model.seq_len={seq_len}",
         f"train.steps={warmup + active + 1}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=1000", "train.compile=true", 'train.compile_mode="default"',
         f'data.tokens="{tokens.resolve()}"'])
-    return loop_kernel_ms(cfg, warmup, active)
+    with preset_env(arch):
+        return loop_kernel_ms(cfg, warmup, active)
 
 
 def optimizer_ms(arch: str, steps: int = 20) -> float:
@@ -94,7 +104,9 @@ def main() -> None:
     ap.add_argument("--archs", nargs="+", default=["gpt2", "tscale"], choices=list(ARCHS))
     ap.add_argument("--warmup", type=int, default=8, help="steps before profiling (compile included)")
     ap.add_argument("--active", type=int, default=3, help="profiled steps")
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=32, help="sequences of 1024 tokens a step")
+    ap.add_argument("--seq-len", type=int, default=1024,
+                    help="tokens per sequence; the batch shrinks by the same factor, so a step keeps its tokens")
     ap.add_argument("--top", type=int, default=25, help="kernels printed per preset")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "arch_profile.json")
     args = ap.parse_args()
@@ -102,7 +114,8 @@ def main() -> None:
         raise SystemExit("arch_profile.py: needs a CUDA GPU")
     report = {}
     for arch in args.archs:
-        times = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size)
+        times = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size * 1024 // args.seq_len,
+                             args.seq_len)
         groups: dict[str, float] = {}
         for name, ms in times.items():
             groups[group_of(name)] = groups.get(group_of(name), 0.0) + ms
@@ -117,6 +130,12 @@ def main() -> None:
         report[arch] = {"kernel_ms_per_step": round(busy, 3), "optimizer_step_ms": round(opt, 3),
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
+    if "tscale" in report and "tscale_sdpa" in report:  # the attention-cost target, measured inside the step
+        ours, sdpa = (report[a]["group_ms_per_step"].get("attention", 0.0) for a in ("tscale", "tscale_sdpa"))
+        report["attention_in_step_ratio"] = round(ours / sdpa, 4) if sdpa else None
+        print(f"attention in a training step, T {args.seq_len}: tscale {ours:.2f} ms, every layer causal SDPA "
+              f"{sdpa:.2f} ms, ratio {report['attention_in_step_ratio']}", flush=True)
+    report["seq_len"] = args.seq_len
     write_json_atomic(args.out, report)
     print(f"-> {args.out}")
 

@@ -2,7 +2,7 @@
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
                                        [--attention fa2 fa2_global cudnn cudnn_global] [--fused-loss]
-                                       [--logits-loss] [--seq-len 1024] [--out-dir docs/bench]
+                                       [--logits-loss] [--sdpa-baseline] [--seq-len 1024] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -19,7 +19,9 @@ are short for --attention fa2 / fa2_global); --fused-loss tscale with `train.fus
 (the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss". The presets take the loss
 their config gives a GPU step: since train.loss_kernel became the default, the loss and its gradient in one
 pass (tscale/ops/head_loss.py); --logits-loss adds both with `train.loss_kernel = false` (the logits path) as
-"gpt2_logits_loss" and "tscale_logits_loss", each before its plain preset. --seq-len T trains
+"gpt2_logits_loss" and "tscale_logits_loss", each before its plain preset. --sdpa-baseline adds "tscale_sdpa", the baseline of the
+attention-cost target: the tscale model with every layer global, no document mask and no sink, its
+attention torch's causal SDPA (TSCALE_ATTENTION=sdpa). --seq-len T trains
 both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 
@@ -32,7 +34,9 @@ around it, so that a change of the step (the optimizer, CUDA graphs) can be time
 """
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -50,12 +54,29 @@ ALTERNATIVES = ("fa2", "fa2_global", "cudnn", "cudnn_global")  # train.attention
 ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
          **{f"tscale_{alt}": "configs/tscale-124m.toml" for alt in ALTERNATIVES},
          "tscale_fused_loss": "configs/tscale-124m.toml", "gpt2_logits_loss": "configs/gpt2-124m.toml",
-         "tscale_logits_loss": "configs/tscale-124m.toml"}
+         "tscale_logits_loss": "configs/tscale-124m.toml", "tscale_sdpa": "configs/tscale-124m.toml"}
 EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
          "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_logits_loss": ["train.loss_kernel=false"],
-         "tscale_logits_loss": ["train.loss_kernel=false"]}
+         "tscale_logits_loss": ["train.loss_kernel=false"],
+         "tscale_sdpa": ["model.window=0", "model.doc_mask=false", "model.sink=false"]}
+ENV = {"tscale_sdpa": {"TSCALE_ATTENTION": "sdpa"}}  # environment a preset runs in
 ORDER = ("gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale", *(f"tscale_{alt}" for alt in ALTERNATIVES),
-         "tscale_fused_loss")
+         "tscale_fused_loss", "tscale_sdpa")
+
+
+@contextlib.contextmanager
+def preset_env(arch: str):
+    """The preset's environment (ENV) while it runs, the previous one restored after."""
+    saved = {key: os.environ.get(key) for key in ENV.get(arch, {})}
+    os.environ.update(ENV.get(arch, {}))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int,
@@ -66,7 +87,7 @@ def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int
         f"train.steps={warmup + steps}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=5", "train.compile=true", f'train.compile_mode="{mode}"',
         f'data.tokens="{tokens.resolve()}"'])
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, preset_env(arch):
         train_run(cfg, Path(tmp) / "run", quiet=True)
         records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     return harmonic_rate(records, warmup), torch.cuda.max_memory_allocated() / 2**30
@@ -86,6 +107,8 @@ def main() -> None:
     ap.add_argument("--fa2-global", action="store_true", help="short for --attention fa2_global")
     ap.add_argument("--fused-loss", action="store_true", help="also tscale with train.fused_loss = true")
     ap.add_argument("--logits-loss", action="store_true", help="also both presets with train.loss_kernel = false")
+    ap.add_argument("--sdpa-baseline", action="store_true",
+                    help="also tscale_sdpa: every layer global, no document mask or sink, causal SDPA")
     ap.add_argument("--seq-len", type=int, default=1024,
                     help="tokens per window; the batch shrinks by the same factor (--batch-size is for 1024)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
@@ -102,7 +125,8 @@ def main() -> None:
     metrics = {}
     alternatives = {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
     chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss,
-              "gpt2_logits_loss": args.logits_loss, "tscale_logits_loss": args.logits_loss}
+              "gpt2_logits_loss": args.logits_loss, "tscale_logits_loss": args.logits_loss,
+              "tscale_sdpa": args.sdpa_baseline}
     archs = [a for a in ORDER if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
@@ -127,7 +151,9 @@ def main() -> None:
     note = (f"arch speed (arch_speed.py): configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''}"
-            f"{' (both also with train.loss_kernel = false)' if args.logits_loss else ''} on {args.tokens.name}, "
+            f"{' (both also with train.loss_kernel = false)' if args.logits_loss else ''}"
+            f"{' (also tscale_sdpa: every layer global, no document mask or sink, causal SDPA)' if args.sdpa_baseline else ''}"
+            f" on {args.tokens.name}, "
             f"batch {batch} x {args.seq_len}, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")
     print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")

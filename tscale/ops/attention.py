@@ -14,6 +14,9 @@ Three implementations with one meaning:
                          and out, fp32 accumulation, tiles the mask hides are skipped): the
                          extension's ops tscale::attention_fwd_cuda / _bwd_cuda under an
                          autograd.Function.
+  `attention_sdpa`       torch's scaled_dot_product_attention with is_causal, for plain causal calls
+                         only (no window, documents or sink): the baseline a benchmark sets the
+                         model's masked attention against, never chosen automatically.
 `attention`, the door the model uses, picks a path per call (`attention_path` says which):
   kernel     CUDA, Tq == Tk, bfloat16 q/k/v, head dim 64 or 128, tscale._C built with CUDA, sm_80+;
   flex       any other CUDA call with Tq == Tk (training, prefill);
@@ -24,10 +27,10 @@ Three implementations with one meaning:
 Every path is a torch custom op or traceable, with fake implementations, so torch.compile
 traces through `attention`.
 
-Forcing a path (benchmarks, comparisons): TSCALE_ATTENTION=kernel|flex|reference in the
-environment, or attention(..., impl="kernel"|"flex"|"reference"), which wins over it. A forced
-kernel raises ValueError for a call it cannot serve (e.g. float32 inputs, or cached decoding)
-instead of quietly taking another path. TSCALE_OPS=reference (all of tscale.ops) makes the
+Forcing a path (benchmarks, comparisons): TSCALE_ATTENTION=kernel|flex|reference|sdpa in the
+environment, or attention(..., impl=...), which wins over it. A forced kernel or sdpa raises
+ValueError for a call it cannot serve (e.g. float32 inputs or cached decoding for the kernel, any
+mask beyond causal for sdpa) instead of quietly taking another path. TSCALE_OPS=reference (all of tscale.ops) makes the
 automatic choice the reference.
 
 The kernel takes doc_ids as int32 (converted here; ids must fit in int32, as document counts do)
@@ -41,12 +44,13 @@ import warnings
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from tscale.ops.backend import kernels_usable_on, op_defined
 
 log = logging.getLogger("tscale.ops")
 
-IMPLS = ("kernel", "flex", "reference")
+IMPLS = ("kernel", "flex", "reference", "sdpa")
 
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -324,10 +328,35 @@ def attention_path(q, k, v, impl: str | None = None) -> str:
     return "reference"
 
 
+def sdpa_unusable_reason(q, k, window: int, doc_ids: torch.Tensor | None, sink: bool) -> str | None:
+    """Why causal SDPA cannot compute this call exactly, or None when it can."""
+    if q.shape[2] != k.shape[2]:
+        return f"Tq {q.shape[2]} != Tk {k.shape[2]} (cached decoding)"
+    if 0 < window < k.shape[2]:
+        return f"window {window} hides keys of a {k.shape[2]}-token sequence"
+    if doc_ids is not None:
+        return "document ids are given"
+    if sink:
+        return "the sink is on"
+    return None
+
+
+def attention_sdpa(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
+                   scale: float) -> torch.Tensor:
+    """F.scaled_dot_product_attention(is_causal=True): q, k, v (B, H, T, D) -> (B, H, T, D), plain causal calls only."""
+    if reason := sdpa_unusable_reason(q, k, window, doc_ids, sink):
+        raise ValueError(f"attention: the SDPA path serves plain causal attention only, not this call: {reason} "
+                         "(set model.window = 0, model.doc_mask = false and model.sink = false)")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
 def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool, scale: float,
               impl: str | None = None) -> torch.Tensor:
     """Masked attention q (B, H, Tq, D), k and v (B, H, Tk, D), doc_ids (B, Tk) or None -> (B, H, Tq, D)."""
     path = attention_path(q, k, v, impl)
+    if path == "sdpa":
+        _say_once("attention: torch SDPA, plain causal (forced)")
+        return attention_sdpa(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
     if path == "kernel":
         _say_once("attention: fused CUDA kernel (tscale::attention_fwd_cuda); other paths where it cannot serve")
         return attention_kernel(q, k, v, window=window, doc_ids=doc_ids, sink=sink, scale=scale)
@@ -342,4 +371,4 @@ def attention(q, k, v, *, window: int, doc_ids: torch.Tensor | None, sink: bool,
 
 
 __all__ = ["IMPLS", "attention", "attention_flex", "attention_kernel", "attention_mask", "attention_path",
-           "attention_reference", "flex_inputs", "kernel_unusable_reason"]
+           "attention_reference", "attention_sdpa", "flex_inputs", "kernel_unusable_reason", "sdpa_unusable_reason"]
