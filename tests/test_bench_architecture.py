@@ -1,6 +1,7 @@
 """The architecture benchmark's curve arithmetic: loss crossings, training time from metrics records, merging; attention timing."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -207,3 +208,35 @@ def test_step_cost_profiles_the_kernels_of_each_side_when_asked():
     assert any("tscale::attention" in name for name in cost["tscale_kernels_ms"])
     plain = attention_cost.attention_step_cost(model, idx, None, repeats=1, compile_ops=False, warmup=1)
     assert "tscale_kernels_ms" not in plain and plain["tscale_s"] > 0
+
+
+def test_sdpa_baseline_preset_runs_the_tscale_model_through_causal_sdpa(monkeypatch):
+    """arch_profile's baseline of the attention-cost target: the preset's settings and environment make every
+    layer of a tscale model plain causal SDPA, and the environment is restored after."""
+    import arch_profile
+    import arch_speed
+
+    import tscale.ops.attention as attention_module
+    from tscale.config import load_config
+    from tscale.model import build_model
+
+    monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tscale-tiny-cpu.toml",
+                      [*arch_speed.EXTRA["tscale_sdpa"], "model.vocab_size=64", "model.eos_id=0"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    idx = torch.randint(0, 64, (2, 32))
+    paths = []
+    real = attention_module.attention_sdpa
+    monkeypatch.setattr(attention_module, "attention_sdpa",
+                        lambda *a, **kw: paths.append(kw["window"]) or real(*a, **kw))
+    with arch_speed.preset_env("tscale_sdpa"):
+        model(idx).float().sum().backward()
+    assert paths == [0] * cfg.model.n_layer  # every layer, none windowed
+    assert "TSCALE_ATTENTION" not in os.environ
+    for name in ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16",
+                 "void cudnn::fusion::compute_dot_do_o_specialized<true, 128>",
+                 "void cudnn::fusion::convert_dq_to_16bits<true>", "tscale::attn::doc_stats_kernel(int const*",
+                 "void tscale::attn::attention_bwd_dq_kernel<128>", "flash_bwd_dot_do_o_kernel"):
+        assert arch_profile.group_of(name) == "attention", name
+    assert arch_profile.group_of("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "matmul"
