@@ -12,7 +12,7 @@ from tscale.data.shards import TokenFolder
 from tscale.data.tokenize import tokenize_corpus
 from tscale.errors import UserError
 from tscale.model import build_model
-from tscale.model.tscale_lm import layer_window
+from tscale.model.tscale_lm import apply_rope, layer_window, rope_tables
 from tscale.ops.attention import _attention_op, attention, attention_flex, attention_reference
 from tscale.train.loop import train_run
 
@@ -217,3 +217,24 @@ def test_tied_head_starts_with_logits_of_order_one():
         logits = tied(idx)  # (B, T, V)
     assert tied.lm_head.weight is tied.wte.weight
     assert 0.2 < logits.std().item() < 3.0
+
+
+def test_rope_rotates_each_pair_by_its_positions_angle():
+    """apply_rope on rope_tables against the rotation written out in float64: pair (i, i + D/2) of the vector at
+    position p turns by p * theta^(-2i/D); so scores depend on the positions' difference only."""
+    T, H, D, theta = 40, 3, 16, 10000.0
+    x = torch.randn(2, T, H, D, generator=torch.Generator().manual_seed(0))
+    cos, sin = rope_tables(T, D, theta)
+    got = apply_rope(x, cos[:, None], sin[:, None])  # (B, T, H, D)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    c, s_ = angle.cos()[:, None], angle.sin()[:, None]  # (T, 1, D/2)
+    x1, x2 = x.double()[..., :D // 2], x.double()[..., D // 2:]
+    want = torch.cat([x1 * c - x2 * s_, x1 * s_ + x2 * c], dim=-1)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    # one query vector and one key vector placed at every position: their score depends on the distance only
+    rq = apply_rope(x[0, 3, 0].expand(1, T, 1, D), cos[:, None], sin[:, None])[0, :, 0]  # (T, D)
+    rk = apply_rope(x[1, 9, 0].expand(1, T, 1, D), cos[:, None], sin[:, None])[0, :, 0]
+    scores = rq @ rk.T  # (T, T)
+    for shift in (1, 5, 17):
+        diagonal = scores.diagonal(shift)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), atol=1e-4, rtol=1e-4)
