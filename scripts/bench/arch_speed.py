@@ -19,10 +19,10 @@ are short for --attention fa2 / fa2_global); --fused-loss tscale with `train.fus
 (the head's loss in chunks, tscale/ops/fused_loss.py) as "tscale_fused_loss". The presets take the loss
 their config gives a GPU step: since train.loss_kernel became the default, the loss and its gradient in one
 pass (tscale/ops/head_loss.py); --logits-loss adds both with `train.loss_kernel = false` (the logits path) as
-"gpt2_logits_loss" and "tscale_logits_loss", each before its plain preset. --sdpa-baseline adds "tscale_sdpa", the baseline of the
-attention-cost target: the tscale model with every layer global, no document mask and no sink, its
-attention torch's causal SDPA (TSCALE_ATTENTION=sdpa). --seq-len T trains
-both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
+"gpt2_logits_loss" and "tscale_logits_loss", each before its plain preset. --sdpa-baseline adds
+"tscale_sdpa", the baseline of the attention-cost target: the tscale model with every layer global,
+no document mask and no sink, its attention torch's causal SDPA (TSCALE_ATTENTION=sdpa). --seq-len T
+trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 
 Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,

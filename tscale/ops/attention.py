@@ -6,7 +6,7 @@ sees key j iff j <= p, p - j < window (window 0: no limit) and doc_ids[b, j] == 
 (doc_ids None: no document mask). With `sink` a null slot of logit 0 and value 0 joins every
 softmax ("softmax plus one"): weights exp(s_j) / (1 + sum_k exp(s_k)).
 
-Three implementations with one meaning:
+Four implementations with one meaning:
   `attention_reference`  explicit mask, matmul, softmax; float32 math; the definition.
   `attention_flex`       torch FlexAttention with a BlockMask of the same rule (the sink is an
                          appended null key/value slot); compiled on CUDA.
@@ -30,8 +30,8 @@ traces through `attention`.
 Forcing a path (benchmarks, comparisons): TSCALE_ATTENTION=kernel|flex|reference|sdpa in the
 environment, or attention(..., impl=...), which wins over it. A forced kernel or sdpa raises
 ValueError for a call it cannot serve (e.g. float32 inputs or cached decoding for the kernel, any
-mask beyond causal for sdpa) instead of quietly taking another path. TSCALE_OPS=reference (all of tscale.ops) makes the
-automatic choice the reference.
+mask beyond causal for sdpa) instead of quietly taking another path. TSCALE_OPS=reference (all
+of tscale.ops) makes the automatic choice the reference.
 
 The kernel takes doc_ids as int32 (converted here; ids must fit in int32, as document counts do)
 and accumulates dQ with atomics, so its dq is not bit-reproducible from run to run.
