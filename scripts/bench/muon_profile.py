@@ -4,8 +4,8 @@
 
 The preset's model on the GPU with random gradients (as arch_profile.py times the optimizer); for each
 variant, step() timed with CUDA events (`steps` calls after 3) and profiled (5 calls): GPU time per step
-by kernel, grouped into matrix products, multi-tensor (_foreach) kernels and the rest, and the host's
-time to issue one step. Variants: `eager` (tscale.optim.muon as it is) and `compiled_ns` (its
+by kernel, grouped as arch_profile.py groups kernels (matrix products and the rest) with torch's
+multi-tensor (_foreach) kernels apart, and the host's time to issue one step. Variants: `eager` (tscale.optim.muon as it is) and `compiled_ns` (its
 Newton-Schulz iteration through torch.compile, so the casts and the normalisation around the products
 fuse). Both start from the same parameters and gradients; the compiled variant's first update is compared
 with the eager one (--variants picks either).
@@ -21,6 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arch_profile import group_of  # noqa: E402
 from common import REPO, git_commit, gpu_name  # noqa: E402
 
 from tscale.fileio import write_json_atomic  # noqa: E402
@@ -30,13 +31,9 @@ from tscale.config import load_config  # noqa: E402
 from tscale.model import build_model  # noqa: E402
 from tscale.optim import build_optimizer  # noqa: E402
 
-KINDS = {"matmul": ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "cublas"),
-         "foreach": ("multi_tensor_apply",)}
-
-
 def kind_of(name: str) -> str:
-    low = name.lower()
-    return next((k for k, keys in KINDS.items() if any(s in low for s in keys)), "other")
+    """arch_profile's kernel groups, with torch's multi-tensor (_foreach) kernels as a group of their own."""
+    return "foreach" if "multi_tensor_apply" in name else group_of(name)
 
 
 def setup(config: Path, seed: int = 0):
