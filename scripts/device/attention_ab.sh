@@ -10,10 +10,13 @@
 # backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-{1,2}.json); scripts/bench/attention_kernel.py
 # (docs/bench/attention_kernel.json); the resources (registers, spills) of this tree's and BASE_DIR's kernels;
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
-# code slice from .devdata/data, 3 steps profiled; OUT_DIR/model-<name>/results.json) for this tree and each other. Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git
-# may be older than the tree sent.
+# code slice from .devdata/data, 3 steps profiled; OUT_DIR/model-<name>/results.json) for this tree and each
+# other. Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
-usage() { cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 "attention_\|doc_stats" | grep -v "^--" | sed 's/.*attn[0-9]*_*[0-9]*//'; }
+usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
+  cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 "attention_\|doc_stats" | grep -v "^--" \
+    | sed 's/.*_[0-9]*\(attention_[a-z_]*kernel\|doc_stats_kernel\)/\1/; s/EEvNS1_9[A-Za-z]*ParamsE:/:/; s/EPKiPiS4_iii:/:/'
+}
 echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-new.txt"
 echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"
 TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py 2>&1 \
