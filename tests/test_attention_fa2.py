@@ -78,6 +78,16 @@ def test_runs_open_at_row_starts_and_documents_and_pad_with_empty_runs():
     assert runs.max_len == 4
 
 
+def test_run_bucket_defaults_small_and_takes_the_environment(monkeypatch):
+    monkeypatch.delenv("TSCALE_RUN_BUCKET", raising=False)
+    assert len(doc_runs.doc_runs(None, 3, 4).cu) == doc_runs.RUN_BUCKET + 1  # 3 runs -> one bucket of slots
+    monkeypatch.setenv("TSCALE_RUN_BUCKET", "2")
+    assert doc_runs.doc_runs(None, 3, 4).cu.tolist() == [0, 4, 8, 12, 12]  # 3 runs -> 4 slots
+    monkeypatch.setenv("TSCALE_RUN_BUCKET", "0")
+    with pytest.raises(ValueError, match="TSCALE_RUN_BUCKET='0'"):
+        doc_runs.doc_runs(None, 3, 4)
+
+
 def test_runs_of_doc_ids_open_where_the_id_changes():
     doc_ids = torch.tensor([[3, 3, 4, 4, 4], [7, 7, 7, 7, 7]])
     assert doc_runs.runs_of_doc_ids(doc_ids, 2, 5).cu.tolist()[:4] == [0, 2, 5, 10]

@@ -4,15 +4,29 @@ A run is a stretch of one batch row inside one document; the runs of a (B, T) ba
 end, are the batch's B * T tokens, so the offsets of their starts describe the whole mask of
 documents (tscale/ops/attention_fa2.py and attention_cudnn.py take them). They are computed on
 the host from the batch's token ids before it goes to the GPU, so no step waits on a
-device-to-host copy, and padded with empty runs to a multiple of RUN_BUCKET, so torch.compile
-and CUDA graphs see few shapes.
+device-to-host copy, and padded with empty runs to a multiple of a bucket (RUN_BUCKET), so
+torch.compile, cuDNN's graphs and CUDA graphs see few shapes.
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
 
-RUN_BUCKET = 64  # run counts are padded up to a multiple of this (empty sequences cost the kernels nothing)
+# Run counts are padded up to a multiple of this. Empty sequences are not free: cuDNN's backward reduces
+# dO . O over every sequence slot at its full length (0.18 ms a layer at T 4096 with 64 slots for ~16 runs),
+# so the bucket is small; a batch of B rows meets about (B + its documents) / RUN_BUCKET distinct counts.
+RUN_BUCKET = 8
+
+
+def run_bucket() -> int:
+    """The bucket run counts are padded to: TSCALE_RUN_BUCKET when set (a benchmark's A/B), else RUN_BUCKET."""
+    value = os.environ.get("TSCALE_RUN_BUCKET", "")
+    if not value:
+        return RUN_BUCKET
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"TSCALE_RUN_BUCKET={value!r}: must be a positive integer (or unset for {RUN_BUCKET})")
+    return int(value)
 
 
 @dataclass
@@ -39,11 +53,13 @@ class DocRuns:
         return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len, self.windowed, self.backend)
 
 
-def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int = RUN_BUCKET, windowed: bool = True,
+def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int | None = None, windowed: bool = True,
              backend: str = "fa2") -> DocRuns:
     """The runs of a (B, T) batch: opens (B, T) bool, True where a document opens (the model's rule: at an
     eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
-    at 0. Offsets padded with empty runs to a multiple of `bucket`; max_len is T; windowed, backend as DocRuns."""
+    at 0. Offsets padded with empty runs to a multiple of `bucket` (None: run_bucket()); max_len is T; windowed,
+    backend as DocRuns."""
+    bucket = bucket or run_bucket()
     new = torch.zeros(B, T, dtype=torch.bool)
     new[:, 0] = True
     if opens is not None:
@@ -65,4 +81,4 @@ def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, backend: str =
     return doc_runs(opens, B, T, backend=backend)
 
 
-__all__ = ["RUN_BUCKET", "DocRuns", "doc_runs", "runs_of_doc_ids"]
+__all__ = ["RUN_BUCKET", "DocRuns", "doc_runs", "run_bucket", "runs_of_doc_ids"]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# cuDNN's attention in the tscale step: its kernel time against causal SDPA, the run-count bucket A/B, and training rates.
+#
+#   bash scripts/device/cudnn_runs.sh OUT_DIR [SECONDS]     (repository root, on a Hopper GPU machine)
+#
+# Carry .whl, .devdata/hopper (the cuDNN frontend wheel) and the corpus (.devdata/data, or .devdata/sub copied
+# there by the caller). Builds the package, tokenizes mix + code slice unless .cache/issue3/tokens holds them,
+# then: scripts/bench/arch_profile.py --archs tscale_sdpa tscale_cudnn_bucket64 tscale_cudnn at T 4096 and 1024
+# (OUT_DIR/arch_profile_cudnn_T<T>.json: kernel time per step by group, the attention kernels of each preset),
+# and scripts/bench/arch_speed.py --modes default --attention cudnn --also tscale_cudnn_bucket64 (gpt2, tscale
+# and both cuDNN presets, the real loop; OUT_DIR/architecture.json). Everything stops SECONDS (default 570)
+# after the start. Set TSCALE_COMMIT to this tree's commit.
+set -u -o pipefail
+OUT=${1:?usage: cudnn_runs.sh OUT_DIR [SECONDS]}
+deadline=$(( $(date +%s) + ${2:-570} ))
+left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
+mkdir -p "$OUT/logs"
+source scripts/device/setup_env.sh "$OUT/logs" || exit 1
+tok=.cache/issue3/tokens
+[ -f $tok/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
+  .devdata/data/code-slice.jsonl.xz --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 1
+for T in 4096 1024; do
+  timeout "$(left)" python3 scripts/bench/arch_profile.py $tok --archs tscale_sdpa tscale_cudnn_bucket64 tscale_cudnn \
+    --seq-len $T --top 40 --out "$OUT/arch_profile_cudnn_T$T.json" > "$OUT/logs/arch_profile_cudnn_T$T.log" 2>&1
+  echo "T $T: exit $?"; grep -E "^== |Error" "$OUT/logs/arch_profile_cudnn_T$T.log"
+done
+timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --attention cudnn --also tscale_cudnn_bucket64 \
+  --steps 20 --warmup 8 --out-dir "$OUT" 2>&1 | grep -vi warn | tail -8
