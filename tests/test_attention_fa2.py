@@ -88,6 +88,17 @@ def test_run_bucket_defaults_small_and_takes_the_environment(monkeypatch):
         doc_runs.doc_runs(None, 3, 4)
 
 
+def test_run_slots_rise_to_a_high_water_mark_with_headroom():
+    slots = doc_runs.RunSlots(bucket=8, headroom=0.25)
+    assert slots(32) == 40  # 32 * 1.25 = 40, a multiple of 8
+    assert [slots(n) for n in (33, 40, 12)] == [40, 40, 40]  # within the mark: the same shape
+    assert slots(41) == 56  # 41 * 1.25 = 51.25 -> 52 -> 56
+    opens = torch.zeros(2, 8, dtype=torch.bool)
+    opens[0, 3] = True  # 3 runs
+    runs = doc_runs.doc_runs(opens, 2, 8, slots=doc_runs.RunSlots(bucket=2, headroom=0.5))
+    assert runs.cu.tolist() == [0, 3, 8, 16, 16, 16, 16]  # 3 * 1.5 = 4.5 -> 5 -> 6 slots
+
+
 def test_runs_of_doc_ids_open_where_the_id_changes():
     doc_ids = torch.tensor([[3, 3, 4, 4, 4], [7, 7, 7, 7, 7]])
     assert doc_runs.runs_of_doc_ids(doc_ids, 2, 5).cu.tolist()[:4] == [0, 2, 5, 10]

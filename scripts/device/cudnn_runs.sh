@@ -26,4 +26,4 @@ for T in 4096 1024; do
   echo "T $T: exit $?"; grep -E "^== |Error" "$OUT/logs/arch_profile_cudnn_T$T.log"
 done
 timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --attention cudnn --also tscale_cudnn_bucket64 \
-  --steps 20 --warmup 8 --out-dir "$OUT" 2>&1 | grep -vi warn | tail -8
+  --steps 20 --warmup 15 --out-dir "$OUT" 2>&1 | grep -vi warn | tail -8

@@ -4,18 +4,18 @@ A run is a stretch of one batch row inside one document; the runs of a (B, T) ba
 end, are the batch's B * T tokens, so the offsets of their starts describe the whole mask of
 documents (tscale/ops/attention_fa2.py and attention_cudnn.py take them). They are computed on
 the host from the batch's token ids before it goes to the GPU, so no step waits on a
-device-to-host copy, and padded with empty runs to a multiple of a bucket (RUN_BUCKET), so
+device-to-host copy, and padded with empty runs to a slot count that few batches change (RunSlots), so
 torch.compile, cuDNN's graphs and CUDA graphs see few shapes.
 """
 
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-# Run counts are padded up to a multiple of this. Empty sequences are not free: cuDNN's backward reduces
-# dO . O over every sequence slot at its full length (0.18 ms a layer at T 4096 with 64 slots for ~16 runs),
-# so the bucket is small; a batch of B rows meets about (B + its documents) / RUN_BUCKET distinct counts.
+# Slot counts are multiples of this. Empty slots are not free: cuDNN's backward reduces dO . O over every
+# sequence slot at its full length (0.14 ms a layer at T 4096 for 64 slots against ~16 runs; docs/BENCHMARKS.md).
 RUN_BUCKET = 8
 
 
@@ -53,12 +53,27 @@ class DocRuns:
         return DocRuns(cu.to(device, non_blocking=non_blocking), self.max_len, self.windowed, self.backend)
 
 
+class RunSlots:
+    """The slot count a training run pads its batches' runs to: a high-water mark. A batch with more runs than
+    the slots raises them to its count plus `headroom`, rounded up to the bucket, so that a run meets a few
+    shapes (each new one costs a recompile and new cuDNN graphs) with few empty slots."""
+
+    def __init__(self, bucket: int | None = None, headroom: float = 0.25):
+        self.bucket, self.headroom, self.slots = bucket or run_bucket(), headroom, 0
+
+    def __call__(self, n: int) -> int:
+        """The slots for a batch of n runs (at least n)."""
+        if n > self.slots:
+            self.slots = -(-math.ceil(n * (1 + self.headroom)) // self.bucket) * self.bucket
+        return self.slots
+
+
 def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int | None = None, windowed: bool = True,
-             backend: str = "fa2") -> DocRuns:
+             backend: str = "fa2", slots: RunSlots | None = None) -> DocRuns:
     """The runs of a (B, T) batch: opens (B, T) bool, True where a document opens (the model's rule: at an
     eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
-    at 0. Offsets padded with empty runs to a multiple of `bucket` (None: run_bucket()); max_len is T; windowed,
-    backend as DocRuns."""
+    at 0. Offsets padded with empty runs to slots(n) slots when `slots` is given, else to a multiple of `bucket`
+    (None: run_bucket()); max_len is T; windowed, backend as DocRuns."""
     bucket = bucket or run_bucket()
     new = torch.zeros(B, T, dtype=torch.bool)
     new[:, 0] = True
@@ -66,7 +81,8 @@ def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int | None = No
         new |= opens.cpu()
     starts = new.flatten().nonzero().flatten()  # (N,)
     n = starts.numel()
-    cu = torch.full((-(-n // bucket) * bucket + 1,), B * T, dtype=torch.int32)
+    count = slots(n) if slots is not None else -(-n // bucket) * bucket
+    cu = torch.full((count + 1,), B * T, dtype=torch.int32)
     cu[:n] = starts.to(torch.int32)
     return DocRuns(cu, T, windowed, backend)
 
@@ -81,4 +97,4 @@ def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, backend: str =
     return doc_runs(opens, B, T, backend=backend)
 
 
-__all__ = ["RUN_BUCKET", "DocRuns", "doc_runs", "run_bucket", "runs_of_doc_ids"]
+__all__ = ["RUN_BUCKET", "DocRuns", "RunSlots", "doc_runs", "run_bucket", "runs_of_doc_ids"]

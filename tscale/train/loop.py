@@ -37,7 +37,7 @@ from tscale.model import block_region, build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
 from tscale.ops import attention_runs
-from tscale.ops.doc_runs import DocRuns, doc_runs
+from tscale.ops.doc_runs import DocRuns, RunSlots, doc_runs
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears_as_configured
@@ -246,12 +246,15 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         if why:
             raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
+    run_slots = RunSlots()  # one high-water mark per run: few shapes, few empty slots
+
     def batch_runs(x: torch.Tensor) -> DocRuns | None:
         """The document runs of a host batch x (B, T), on the device; None under train.attention = "auto"."""
         if not over_runs:
             return None
         opens = (x == cfg.model.eos_id) if cfg.model.doc_mask else None
-        return doc_runs(opens, *x.shape, windowed=runs_windowed, backend=runs_backend).to(device, non_blocking=True)
+        return doc_runs(opens, *x.shape, windowed=runs_windowed, backend=runs_backend,
+                        slots=run_slots).to(device, non_blocking=True)
 
     mode = cfg.train.compile_mode  # "default" is torch's own default
     step_loss = torch.compile(forward_loss, mode=None if mode == "default" else mode) if cfg.train.compile else forward_loss
@@ -292,7 +295,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     prime_runs = None
     if over_runs:
         prime_runs = doc_runs(None, cfg.train.batch_size, cfg.model.seq_len, windowed=runs_windowed,
-                              backend=runs_backend).to(device)
+                              backend=runs_backend, slots=run_slots).to(device)
     replicas.prime(lambda: step_loss(zeros(), zeros(), no_match(), runs=prime_runs).backward())
     stopped_early = False
     with _StopFlag() as stop, progress:
