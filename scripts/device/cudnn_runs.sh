@@ -3,8 +3,9 @@
 #
 #   bash scripts/device/cudnn_runs.sh OUT_DIR [SECONDS]     (repository root, on a Hopper GPU machine)
 #
-# Carry .whl, .devdata/hopper (the cuDNN frontend wheel) and the corpus (.devdata/data, or .devdata/sub copied
-# there by the caller). Builds the package, tokenizes mix + code slice unless .cache/issue3/tokens holds them,
+# Carry .whl, .devdata/hopper (the cuDNN frontend wheel) and the corpus: .devdata/data and .devdata/hopper together
+# exceed a call's 64 MiB, so carry .devdata/sub (scripts/device/prepare_hopper.sh makes both) and run
+# `mkdir -p .devdata/data && cp -r .devdata/sub/* .devdata/data/` first. Builds the package, tokenizes mix + code slice unless .cache/issue3/tokens holds them,
 # then: scripts/bench/arch_profile.py --archs tscale_sdpa tscale_cudnn_bucket64 tscale_cudnn at T 4096 and 1024
 # (OUT_DIR/arch_profile_cudnn_T<T>.json: kernel time per step by group, the attention kernels of each preset),
 # and scripts/bench/arch_speed.py --modes default --attention cudnn --also tscale_cudnn_bucket64 (gpt2, tscale

@@ -3,8 +3,8 @@
 #
 #   source scripts/device/setup_env.sh LOG_DIR     (from the repository root)
 #
-# Installs .whl/*.whl (and .devdata/hopper/*.whl: nvidia-cudnn-frontend for train.attention = "cudnn*", 12 MB,
-# carried only when a run needs it) and unpacks .whl/cutlass-*-headers.tar.xz (include/cutlass, include/cute and
+# Installs .whl/*.whl (and .devdata/hopper/*.whl: nvidia-cudnn-frontend for train.attention = "cudnn*", 5.5 MB
+# as scripts/device/prepare_hopper.sh slims it, carried only when a run needs it) and unpacks .whl/cutlass-*-headers.tar.xz (include/cutlass, include/cute and
 # tools/util/include of a CUTLASS release; scripts/device/cutlass_headers.sh makes it) for tscale._C_cutlass; a failed build of it is retried
 # without it. Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
 # machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++

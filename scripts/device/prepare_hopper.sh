@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Make the carry of a Hopper run that needs cuDNN's attention fit the 64 MiB a call allows.
+#
+#   bash scripts/device/prepare_hopper.sh [DATA_DIR]      (repository root; DATA_DIR default ../shared/data)
+#
+# .devdata/hopper/: the nvidia-cudnn-frontend wheel for the GPU machine's Python (PYTHON_VERSION, default 3.12)
+# without the packages `import cudnn` loads only on first attribute access and the graph API
+# (tscale/ops/attention_cudnn.py) never touches: about 5.5 MB instead of 12. Its RECORD is rewritten to match.
+# .devdata/sub/: every 4th document of mix.jsonl.xz and code-slice.jsonl.xz, with gpt2-bpe/, about 16 MB: enough
+# tokens (28.6M) for timing runs, not for the convergence benchmark, which needs the whole corpus
+# (.devdata/data, prepare_carry.sh). With .whl (2.8 MB without CUTLASS's headers) and the tree, .devdata/data
+# (57.5 MB) and .devdata/hopper together exceed the limit; carry .devdata/sub instead and copy it to
+# .devdata/data on the machine (scripts/device/cudnn_runs.sh says how).
+set -euo pipefail
+DATA=${1:-../shared/data}
+PY=${PYTHON_VERSION:-3.12}
+if ! compgen -G ".devdata/hopper/nvidia_cudnn_frontend-*.whl" > /dev/null; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \
+    --platform manylinux_2_28_x86_64 --implementation cp -d "$work" nvidia-cudnn-frontend
+  mkdir -p .devdata/hopper
+  python3 - "$work" .devdata/hopper <<'PY'
+import glob, os, sys, zipfile
+# subpackages of other features (kernels written in Python DSLs, other frameworks' bindings, C++ headers)
+DROP = tuple(f"cudnn/{name}/" for name in (
+    "gemm", "linear_attention", "gated_attention_block", "deepseek_sparse_attention", "moe_ep",
+    "block_sparse_attention", "flex_attention", "hstu", "native_sparse_attention", "QSA", "fla", "gnn", "jax")) + ("include/",)
+src = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+dst = os.path.join(sys.argv[2], os.path.basename(src))
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst + ".part", "w", zipfile.ZIP_DEFLATED) as zout:
+    for item in zin.infolist():
+        if item.filename.startswith(DROP):
+            continue
+        data = zin.read(item.filename)
+        if item.filename.endswith(".dist-info/RECORD"):
+            data = b"\n".join(line for line in data.split(b"\n") if not line.decode().startswith(DROP))
+        zout.writestr(item, data)
+os.replace(dst + ".part", dst)
+PY
+fi
+if [ ! -e .devdata/sub/code-slice.jsonl.xz ]; then
+  mkdir -p .devdata/sub
+  [ -e .devdata/sub/gpt2-bpe ] || cp -r "$DATA/gpt2-bpe" .devdata/sub/
+  for f in mix code-slice; do
+    xz -dc "$DATA/$f.jsonl.xz" | awk 'NR % 4 == 1' | xz -6 -T2 > ".devdata/sub/$f.jsonl.xz.part"
+    mv ".devdata/sub/$f.jsonl.xz.part" ".devdata/sub/$f.jsonl.xz"
+  done
+fi
+du -sh .devdata/hopper .devdata/sub
