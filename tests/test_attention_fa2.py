@@ -97,6 +97,15 @@ def test_run_slots_rise_to_a_high_water_mark_with_headroom():
     opens[0, 3] = True  # 3 runs
     runs = doc_runs.doc_runs(opens, 2, 8, slots=doc_runs.RunSlots(bucket=2, headroom=0.5))
     assert runs.cu.tolist() == [0, 3, 8, 16, 16, 16, 16]  # 3 * 1.5 = 4.5 -> 5 -> 6 slots
+    started = doc_runs.RunSlots(bucket=8, initial=58)
+    assert [started(n) for n in (32, 64, 65)] == [64, 64, 88]  # 58 -> 64 holds until a batch exceeds it
+
+
+def test_expected_slots_cover_the_rows_and_the_documents_a_batch_holds():
+    assert doc_runs.expected_slots(32, 1024, 0, 10_000) == 36  # no documents: the row starts + 4
+    # 32 x 1024 tokens with a document every 5,600: lam = 5.85 -> 32 + ceil(11.7 + 9.67) + 4 = 58
+    assert doc_runs.expected_slots(32, 1024, 1000, 5_600_000) == 58
+    assert doc_runs.expected_slots(8, 4096, 1000, 5_600_000) == 34
 
 
 def test_runs_of_doc_ids_open_where_the_id_changes():

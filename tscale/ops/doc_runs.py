@@ -54,18 +54,28 @@ class DocRuns:
 
 
 class RunSlots:
-    """The slot count a training run pads its batches' runs to: a high-water mark. A batch with more runs than
-    the slots raises them to its count plus `headroom`, rounded up to the bucket, so that a run meets a few
-    shapes (each new one costs a recompile and new cuDNN graphs) with few empty slots."""
+    """The slot count a training run pads its batches' runs to: a high-water mark, starting at `initial`
+    (rounded up to the bucket). A batch with more runs than the slots raises them to its count plus
+    `headroom`, rounded up to the bucket. Each new count costs a recompile of the step (about as long as the
+    first compile) and new cuDNN graphs, so the first mark should hold for the whole run: see expected_slots."""
 
-    def __init__(self, bucket: int | None = None, headroom: float = 0.25):
-        self.bucket, self.headroom, self.slots = bucket or run_bucket(), headroom, 0
+    def __init__(self, bucket: int | None = None, headroom: float = 0.25, initial: int = 0):
+        self.bucket, self.headroom = bucket or run_bucket(), headroom
+        self.slots = -(-initial // self.bucket) * self.bucket
 
     def __call__(self, n: int) -> int:
         """The slots for a batch of n runs (at least n)."""
         if n > self.slots:
             self.slots = -(-math.ceil(n * (1 + self.headroom)) // self.bucket) * self.bucket
         return self.slots
+
+
+def expected_slots(B: int, T: int, docs: int, tokens: int) -> int:
+    """A first high-water mark for RunSlots that few batches exceed: the B row starts, plus twice the document
+    starts a (B, T) batch holds on average (lam = B T docs / tokens) and four standard deviations of a Poisson
+    count (windows drawn from stretches of short documents hold more than their share), plus 4."""
+    lam = B * T * docs / max(tokens, 1)
+    return B + math.ceil(2 * lam + 4 * math.sqrt(lam)) + 4
 
 
 def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int | None = None, windowed: bool = True,
@@ -97,4 +107,4 @@ def runs_of_doc_ids(doc_ids: torch.Tensor | None, B: int, T: int, backend: str =
     return doc_runs(opens, B, T, backend=backend)
 
 
-__all__ = ["RUN_BUCKET", "DocRuns", "RunSlots", "doc_runs", "run_bucket", "runs_of_doc_ids"]
+__all__ = ["RUN_BUCKET", "DocRuns", "RunSlots", "doc_runs", "expected_slots", "run_bucket", "runs_of_doc_ids"]

@@ -37,7 +37,7 @@ from tscale.model import block_region, build_model
 from tscale.model.loss import mean_loss
 from tscale.ops import backend as ops_backend
 from tscale.ops import attention_runs
-from tscale.ops.doc_runs import DocRuns, RunSlots, doc_runs
+from tscale.ops.doc_runs import DocRuns, RunSlots, doc_runs, expected_slots
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears_as_configured
@@ -246,7 +246,9 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         if why:
             raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
-    run_slots = RunSlots()  # one high-water mark per run: few shapes, few empty slots
+    train_split = folder.manifest["splits"]["train"]
+    run_slots = RunSlots(initial=expected_slots(cfg.train.batch_size, cfg.model.seq_len,
+                                                train_split["docs"] if cfg.model.doc_mask else 0, train_split["tokens"]))
 
     def batch_runs(x: torch.Tensor) -> DocRuns | None:
         """The document runs of a host batch x (B, T), on the device; None under train.attention = "auto"."""
