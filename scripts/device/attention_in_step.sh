@@ -11,14 +11,7 @@
 # the start. Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older.
 set -u -o pipefail
 OUT=${1:?usage: attention_in_step.sh OUT_DIR [SECONDS] [PRESET ...]}
-deadline=$(( $(date +%s) + ${2:-560} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
-export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
-mkdir -p "$OUT/logs"
-source scripts/device/setup_env.sh "$OUT/logs" || exit 1
-tok=.cache/issue3/tokens
-[ -f $tok/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
-  .devdata/data/code-slice.jsonl.xz --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 1
+source scripts/device/step_bench_prelude.sh "$OUT" "${2:-560}" || exit 1
 for T in 1024 4096; do
   timeout "$(left)" python3 scripts/bench/arch_profile.py $tok --archs tscale tscale_sdpa "${@:3}" --seq-len $T \
     --top 12 --out "$OUT/arch_profile_T$T.json" > "$OUT/logs/arch_profile_T$T.log" 2>&1

@@ -15,14 +15,7 @@
 # after the start. Set TSCALE_COMMIT to this tree's commit.
 set -u -o pipefail
 OUT=${1:?usage: cudnn_runs.sh OUT_DIR [SECONDS]}
-deadline=$(( $(date +%s) + ${2:-570} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
-export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
-mkdir -p "$OUT/logs"
-source scripts/device/setup_env.sh "$OUT/logs" || exit 1
-tok=.cache/issue3/tokens
-[ -f $tok/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
-  .devdata/data/code-slice.jsonl.xz --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 1
+source scripts/device/step_bench_prelude.sh "$OUT" "${2:-570}" || exit 1
 timeout "$(left)" python3 -m pytest -q -k cuda tests/test_attention_cudnn.py tests/test_attention_fa2.py \
   > "$OUT/logs/tests.log" 2>&1
 echo "tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/logs/tests.log" | tail -1)"
