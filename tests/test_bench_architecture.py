@@ -240,3 +240,11 @@ def test_sdpa_baseline_preset_runs_the_tscale_model_through_causal_sdpa(monkeypa
                  "void tscale::attn::attention_bwd_dq_kernel<128>", "flash_bwd_dot_do_o_kernel"):
         assert arch_profile.group_of(name) == "attention", name
     assert arch_profile.group_of("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "matmul"
+
+
+def test_profile_rounds_alternate_the_order_and_average_each_kernel():
+    import arch_profile
+
+    assert arch_profile.round_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    mean = arch_profile.mean_table([{"k1": 2.0, "k2": 1.0}, {"k1": 4.0}])
+    assert mean == {"k1": 3.0, "k2": 0.5}  # a kernel a round did not launch counts 0 there

@@ -1,7 +1,7 @@
 """Where a training step's GPU time goes, gpt2 against tscale at 124M: kernels per step and the optimizer alone.
 
     python scripts/bench/arch_profile.py TOKENS [--archs gpt2 tscale] [--warmup 8] [--active 3] [--top 25]
-                                         [--seq-len 1024] [--out PATH]
+                                         [--seq-len 1024] [--rounds 1] [--out PATH]
 
 For each preset of arch_speed.py: the real loop (`tscale.train.loop.train_run`, torch.compile in
 default mode, so that every kernel is visible to the profiler; CUDA graphs would hide them) runs
@@ -10,6 +10,8 @@ step of every kernel, summed over the step (the step's busy time), the `top` ker
 per step, and the same time grouped into matrix products, attention, the optimizer's kernels and
 the rest. The optimizer is also timed alone: the model's parameters given random gradients, its
 step() timed with CUDA events, so that Muon's Newton-Schulz iterations can be set against AdamW.
+--rounds N profiles every preset N times, in the given order and reversed by turns (the GPU's clock drifts
+over a process: the first preset ran 8-12% faster), and reports the mean with each round's attention time.
 Writes the tables as JSON to --out (the default: docs/bench/arch_profile.json).
 
 The attention-cost target measured inside the real step: `--archs tscale tscale_sdpa` profiles the
@@ -78,6 +80,19 @@ def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int,
         return loop_kernel_ms(cfg, warmup, active)
 
 
+def round_orders(archs: list[str], rounds: int) -> list[list[str]]:
+    """The presets' order in each round: as given, then reversed, alternating, so that a clock drifting over the
+    process (the first preset's products ran 8-12% faster than the later ones' on the H200) touches every
+    preset alike."""
+    return [list(archs) if r % 2 == 0 else list(reversed(archs)) for r in range(rounds)]
+
+
+def mean_table(tables: list[dict[str, float]]) -> dict[str, float]:
+    """Kernel milliseconds per step averaged over rounds (a kernel missing from a round counts 0 there)."""
+    names = {name for table in tables for name in table}
+    return {name: sum(table.get(name, 0.0) for table in tables) / len(tables) for name in names}
+
+
 def optimizer_ms(arch: str, steps: int = 20) -> float:
     """Milliseconds of one optimizer.step() of the preset's model on random gradients (CUDA events)."""
     cfg = load_config(REPO / ARCHS[arch], [])
@@ -107,15 +122,28 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32, help="sequences of 1024 tokens a step")
     ap.add_argument("--seq-len", type=int, default=1024,
                     help="tokens per sequence; the batch shrinks by the same factor, so a step keeps its tokens")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="profile every preset this many times, the order reversed every other round; report the mean")
     ap.add_argument("--top", type=int, default=25, help="kernels printed per preset")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "arch_profile.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("arch_profile.py: needs a CUDA GPU")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: must be at least 1")
     report = {}
+    tables: dict[str, list[dict[str, float]]] = {arch: [] for arch in args.archs}
+    for r, order in enumerate(round_orders(args.archs, args.rounds)):
+        for arch in order:
+            table = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size * 1024 // args.seq_len,
+                                 args.seq_len)
+            tables[arch].append(table)
+            torch.cuda.empty_cache()
+            attention = sum(ms for name, ms in table.items() if group_of(name) == "attention")
+            print(f"round {r + 1} {arch}: {sum(table.values()):.2f} ms of kernels, attention {attention:.2f}", flush=True)
     for arch in args.archs:
-        times = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size * 1024 // args.seq_len,
-                             args.seq_len)
+        times = mean_table(tables[arch])
+        rounds_attention = [sum(ms for name, ms in table.items() if group_of(name) == "attention") for table in tables[arch]]
         groups: dict[str, float] = {}
         for name, ms in times.items():
             groups[group_of(name)] = groups.get(group_of(name), 0.0) + ms
@@ -129,6 +157,7 @@ def main() -> None:
             print(f"  {ms:8.3f} ms  {group_of(name):9s} {name[:110]}", flush=True)
         report[arch] = {"kernel_ms_per_step": round(busy, 3), "optimizer_step_ms": round(opt, 3),
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
+                        "attention_ms_per_round": [round(ms, 3) for ms in rounds_attention],
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
     if "tscale" in report and "tscale_sdpa" in report:  # the attention-cost target, measured inside the step
         ours, sdpa = (report[a]["group_ms_per_step"].get("attention", 0.0) for a in ("tscale", "tscale_sdpa"))
