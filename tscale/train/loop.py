@@ -246,9 +246,11 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         if why:
             raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
-    train_split = folder.manifest["splits"]["train"]
-    run_slots = RunSlots(initial=expected_slots(cfg.train.batch_size, cfg.model.seq_len,
-                                                train_split["docs"] if cfg.model.doc_mask else 0, train_split["tokens"]))
+    run_slots = None
+    if over_runs:  # one high-water mark of the batches' run counts for the whole run
+        split = folder.manifest["splits"]["train"]
+        run_slots = RunSlots(initial=expected_slots(cfg.train.batch_size, cfg.model.seq_len,
+                                                    split["docs"] if cfg.model.doc_mask else 0, split["tokens"]))
 
     def batch_runs(x: torch.Tensor) -> DocRuns | None:
         """The document runs of a host batch x (B, T), on the device; None under train.attention = "auto"."""
