@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arch_speed import ARCHS, EXTRA, preset_env  # noqa: E402
-from common import REPO  # noqa: E402
+from common import REPO, round_orders  # noqa: E402
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
@@ -78,13 +78,6 @@ def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int,
         f'data.tokens="{tokens.resolve()}"'])
     with preset_env(arch):
         return loop_kernel_ms(cfg, warmup, active)
-
-
-def round_orders(archs: list[str], rounds: int) -> list[list[str]]:
-    """The presets' order in each round: as given, then reversed, alternating, so that a clock drifting over the
-    process (the first preset's products ran 8-12% faster than the later ones' on the H200) touches every
-    preset alike."""
-    return [list(archs) if r % 2 == 0 else list(reversed(archs)) for r in range(rounds)]
 
 
 def mean_table(tables: list[dict[str, float]]) -> dict[str, float]:

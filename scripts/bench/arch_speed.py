@@ -3,7 +3,7 @@
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
                                        [--attention fa2 fa2_global cudnn cudnn_global] [--fused-loss]
                                        [--logits-loss] [--sdpa-baseline] [--also tscale_cudnn_bucket64]
-                                       [--seq-len 1024] [--out-dir docs/bench]
+                                       [--rounds 1] [--seq-len 1024] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
 the fused attention kernel with its windows, document masks and sink) run the real loop
@@ -26,7 +26,8 @@ no document mask and no sink, its attention torch's causal SDPA (TSCALE_ATTENTIO
 tscale_cudnn_bucket64 adds cuDNN with the batch's run count padded to a multiple of 64
 (TSCALE_RUN_BUCKET=64), tscale.ops.doc_runs' earlier bucket, against the default of 8. --seq-len T
 trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
---batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
+--batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>. --rounds N runs every preset N
+times, the order reversed every other round (the GPU's clock drifts over a process), and records the mean.
 
 Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,
 arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
@@ -45,7 +46,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, merge_metrics  # noqa: E402
+from common import REPO, merge_metrics, round_orders  # noqa: E402
 from lowprec_train import harmonic_rate  # noqa: E402
 
 import torch  # noqa: E402
@@ -117,6 +118,8 @@ def main() -> None:
                     help="also tscale_sdpa: every layer global, no document mask or sink, causal SDPA")
     ap.add_argument("--also", nargs="+", default=[], choices=["tscale_cudnn_bucket64"],
                     help="also these presets (tscale_cudnn_bucket64: cuDNN with run counts padded to 64)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every preset this many times, the order reversed every other round; record the mean")
     ap.add_argument("--seq-len", type=int, default=1024,
                     help="tokens per window; the batch shrinks by the same factor (--batch-size is for 1024)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
@@ -125,6 +128,8 @@ def main() -> None:
         raise SystemExit("arch_speed.py: needs a CUDA GPU (it times the compiled GPU step)")
     if not (args.tokens / "manifest.json").is_file():
         raise SystemExit(f"{args.tokens}: not a token folder (no manifest.json); make one with `tscale tokenize`")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: must be at least 1")
     if args.seq_len < 64 or (args.batch_size * 1024) % args.seq_len:
         raise SystemExit(f"--seq-len {args.seq_len}: must be at least 64 and divide --batch-size x 1024 "
                          f"({args.batch_size * 1024} tokens a step)")
@@ -138,13 +143,17 @@ def main() -> None:
     archs = [a for a in ORDER if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
-        rates = {}
+        runs: dict[str, list[float]] = {arch: [] for arch in archs}
+        for order in round_orders(archs, args.rounds):
+            for arch in order:
+                tokens_per_s, peak = rate(arch, args.tokens, mode, args.steps, args.warmup, batch, args.seq_len)
+                runs[arch].append(tokens_per_s)
+                print(f"{arch} ({mode}): {tokens_per_s:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
+                metrics[f"arch_speed_peak_gib_{arch}_{key}"] = round(peak, 2)
+                torch.cuda.empty_cache()
+        rates = {arch: sum(r) / len(r) for arch, r in runs.items()}  # the mean over rounds
         for arch in archs:
-            rates[arch], peak = rate(arch, args.tokens, mode, args.steps, args.warmup, batch, args.seq_len)
-            print(f"{arch} ({mode}): {rates[arch]:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
             metrics[f"arch_speed_tokens_per_s_{arch}_{key}"] = round(rates[arch])
-            metrics[f"arch_speed_peak_gib_{arch}_{key}"] = round(peak, 2)
-            torch.cuda.empty_cache()
         metrics[f"arch_speed_ratio_{key}"] = round(rates["tscale"] / rates["gpt2"], 4)
         for arch in archs:
             if arch.startswith("tscale_"):
@@ -164,7 +173,8 @@ def main() -> None:
             f"{''.join(f' (also {preset})' for preset in args.also)}"
             f" on {args.tokens.name}, "
             f"batch {batch} x {args.seq_len}, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
-            f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other")
+            f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other"
+            f"{f', {args.rounds} rounds (order reversed every other round), the mean recorded' if args.rounds > 1 else ''}")
     print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")
 
 
