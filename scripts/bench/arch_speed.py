@@ -26,8 +26,9 @@ no document mask and no sink, its attention torch's causal SDPA (TSCALE_ATTENTIO
 tscale_cudnn_bucket64 adds cuDNN with the batch's run count padded to a multiple of 64
 (TSCALE_RUN_BUCKET=64), tscale.ops.doc_runs' earlier bucket, against the default of 8. --seq-len T
 trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
---batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>. --rounds N runs every preset N
-times, the order reversed every other round (the GPU's clock drifts over a process), and records the mean.
+--batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
+--rounds N runs every preset N times, the order reversed every other round (the GPU's clock drifts over
+a process), and records the mean.
 
 Merges into docs/bench/architecture.json (part "arch speed"): arch_speed_tokens_per_s_<arch>_<mode>,
 arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
