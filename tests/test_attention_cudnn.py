@@ -121,6 +121,26 @@ def test_training_through_cudnn_follows_the_default_attention(monkeypatch, tmp_p
     torch.testing.assert_close(curves["cudnn_global"], curves["auto"], rtol=1e-4, atol=0)
 
 
+def test_training_says_when_the_document_runs_outgrow_their_slots(monkeypatch, tmp_path, shakespeare_jsonl, capsys):
+    """A batch with more runs than the slot mark is a new shape (a recompile, new cuDNN graphs): training says so.
+    The mark starts at 0 and has no headroom here, so every batch holding more runs than all before it grows it."""
+    from tscale.config import load_config
+    from tscale.ops import doc_runs
+    from tscale.train import loop
+    from tscale.train.loop import train_run
+
+    monkeypatch.setattr(attention_cudnn, "cudnn_forward", _fake_forward)
+    monkeypatch.setattr(attention_cudnn, "cudnn_backward", _fake_backward)
+    monkeypatch.setitem(attention_runs.UNUSABLE, "cudnn", lambda *a: None)
+    monkeypatch.setattr(loop, "expected_slots", lambda *a: 0)
+    monkeypatch.setattr(loop, "RunSlots", lambda initial: doc_runs.RunSlots(bucket=1, headroom=0.0, initial=initial))
+    args = [*tiny_tscale_args(tmp_path, shakespeare_jsonl), 'train.device="cpu"', 'train.attention="cudnn"']
+    train_run(load_config(None, args), tmp_path / "run", quiet=False)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "document runs than the" in line]
+    assert notes and all("from now on" in line for line in notes)
+    assert not any(line.startswith("step 0:") for line in notes)  # the first batch sets the mark: no recompile yet
+
+
 def _cuda_cudnn_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
