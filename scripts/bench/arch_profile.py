@@ -18,7 +18,8 @@ The attention-cost target measured inside the real step: `--archs tscale tscale_
 tscale model as configured and the same model with every layer global, no document mask and no
 sink, its attention torch's causal SDPA (arch_speed.py's tscale_sdpa preset), and reports
 attention_in_step_ratio = the first's attention kernels / the second's (every kernel of either
-attention path, its small pre- and post-passes included), with --seq-len for T 4096. Unlike
+attention path, its small pre- and post-passes included), with --seq-len for T 4096; every other tscale
+preset profiled beside tscale_sdpa gets its own, attention_in_step_ratio_<variant> (e.g. _cudnn). Unlike
 scripts/bench/attention_cost.py, which times the recorded calls on their own, this counts only GPU
 time and only what the training step itself launches.
 """
@@ -152,11 +153,14 @@ def main() -> None:
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
                         "attention_ms_per_round": [round(ms, 3) for ms in rounds_attention],
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
-    if "tscale" in report and "tscale_sdpa" in report:  # the attention-cost target, measured inside the step
-        ours, sdpa = (report[a]["group_ms_per_step"].get("attention", 0.0) for a in ("tscale", "tscale_sdpa"))
-        report["attention_in_step_ratio"] = round(ours / sdpa, 4) if sdpa else None
-        print(f"attention in a training step, T {args.seq_len}: tscale {ours:.2f} ms, every layer causal SDPA "
-              f"{sdpa:.2f} ms, ratio {report['attention_in_step_ratio']}", flush=True)
+    if "tscale_sdpa" in report:  # the attention-cost target, measured inside the step, for every tscale preset
+        sdpa = report["tscale_sdpa"]["group_ms_per_step"].get("attention", 0.0)
+        for arch in (a for a in args.archs if a.startswith("tscale") and a != "tscale_sdpa"):
+            ours = report[arch]["group_ms_per_step"].get("attention", 0.0)
+            key = "attention_in_step_ratio" + ("" if arch == "tscale" else "_" + arch.removeprefix("tscale_"))
+            report[key] = round(ours / sdpa, 4) if sdpa else None
+            print(f"attention in a training step, T {args.seq_len}: {arch} {ours:.2f} ms, every layer causal SDPA "
+                  f"{sdpa:.2f} ms, ratio {report[key]}", flush=True)
     report["seq_len"] = args.seq_len
     write_json_atomic(args.out, report)
     print(f"-> {args.out}")
