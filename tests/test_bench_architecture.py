@@ -249,3 +249,32 @@ def test_profile_rounds_alternate_the_order_and_average_each_kernel():
     assert common.round_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
     mean = arch_profile.mean_table([{"k1": 2.0, "k2": 1.0}, {"k1": 4.0}])
     assert mean == {"k1": 3.0, "k2": 0.5}  # a kernel a round did not launch counts 0 there
+
+
+def test_profile_reports_each_tscale_presets_attention_against_sdpa_over_rounds(monkeypatch, tmp_path):
+    """arch_profile.py's report with the profiles stood in for: every tscale preset's in-step ratio, each round kept."""
+    import json
+    import sys
+
+    import arch_profile
+
+    attention = {"tscale_sdpa": 8.0, "tscale_cudnn": 6.0, "tscale": 11.0}
+    calls = []
+
+    def table(arch, *args, **kw):
+        calls.append(arch)
+        return {"cudnn_generated_fort_native_sdpa_kernel": attention[arch] + len(calls) % 2, "nvjet_sm90_gemm": 40.0}
+
+    monkeypatch.setattr(arch_profile, "kernel_table", table)
+    monkeypatch.setattr(arch_profile, "optimizer_ms", lambda arch: 6.5)
+    monkeypatch.setattr(arch_profile.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(arch_profile.torch.cuda, "empty_cache", lambda: None)
+    out = tmp_path / "profile.json"
+    monkeypatch.setattr(sys, "argv", ["arch_profile.py", str(tmp_path), "--archs", "tscale_sdpa", "tscale_cudnn", "tscale",
+                                      "--rounds", "2", "--out", str(out)])
+    arch_profile.main()
+    report = json.loads(out.read_text())
+    assert calls == ["tscale_sdpa", "tscale_cudnn", "tscale", "tscale", "tscale_cudnn", "tscale_sdpa"]
+    assert report["tscale_cudnn"]["attention_ms_per_round"] == [6.0, 7.0]  # calls 2 and 5
+    assert report["attention_in_step_ratio_cudnn"] == round(6.5 / 8.5, 4)  # means over the rounds
+    assert report["attention_in_step_ratio"] == round(11.5 / 8.5, 4)
