@@ -127,6 +127,7 @@ def main() -> None:
         raise SystemExit(f"--rounds {args.rounds}: must be at least 1")
     report = {}
     tables: dict[str, list[dict[str, float]]] = {arch: [] for arch in args.archs}
+    rounds_attention: dict[str, list[float]] = {arch: [] for arch in args.archs}  # attention ms per step, per round
     for r, order in enumerate(round_orders(args.archs, args.rounds)):
         for arch in order:
             table = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size * 1024 // args.seq_len,
@@ -134,10 +135,10 @@ def main() -> None:
             tables[arch].append(table)
             torch.cuda.empty_cache()
             attention = sum(ms for name, ms in table.items() if group_of(name) == "attention")
+            rounds_attention[arch].append(attention)
             print(f"round {r + 1} {arch}: {sum(table.values()):.2f} ms of kernels, attention {attention:.2f}", flush=True)
     for arch in args.archs:
         times = mean_table(tables[arch])
-        rounds_attention = [sum(ms for name, ms in table.items() if group_of(name) == "attention") for table in tables[arch]]
         groups: dict[str, float] = {}
         for name, ms in times.items():
             groups[group_of(name)] = groups.get(group_of(name), 0.0) + ms
@@ -151,7 +152,7 @@ def main() -> None:
             print(f"  {ms:8.3f} ms  {group_of(name):9s} {name[:110]}", flush=True)
         report[arch] = {"kernel_ms_per_step": round(busy, 3), "optimizer_step_ms": round(opt, 3),
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
-                        "attention_ms_per_round": [round(ms, 3) for ms in rounds_attention],
+                        "attention_ms_per_round": [round(ms, 3) for ms in rounds_attention[arch]],
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
     if "tscale_sdpa" in report:  # the attention-cost target, measured inside the step, for every tscale preset
         sdpa = report["tscale_sdpa"]["group_ms_per_step"].get("attention", 0.0)

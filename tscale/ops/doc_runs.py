@@ -19,6 +19,10 @@ import torch
 RUN_BUCKET = 8
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def run_bucket() -> int:
     """The bucket run counts are padded to: TSCALE_RUN_BUCKET when set (a benchmark's A/B), else RUN_BUCKET."""
     value = os.environ.get("TSCALE_RUN_BUCKET", "")
@@ -61,12 +65,12 @@ class RunSlots:
 
     def __init__(self, bucket: int | None = None, headroom: float = 0.25, initial: int = 0):
         self.bucket, self.headroom = bucket or run_bucket(), headroom
-        self.slots = -(-initial // self.bucket) * self.bucket
+        self.slots = _round_up(initial, self.bucket)
 
     def __call__(self, n: int) -> int:
         """The slots for a batch of n runs (at least n)."""
         if n > self.slots:
-            self.slots = -(-math.ceil(n * (1 + self.headroom)) // self.bucket) * self.bucket
+            self.slots = _round_up(math.ceil(n * (1 + self.headroom)), self.bucket)
         return self.slots
 
 
@@ -84,14 +88,13 @@ def doc_runs(opens: torch.Tensor | None, B: int, T: int, bucket: int | None = No
     eos token, which opens the next document), on the host; None: one run per row. Every row opens a run
     at 0. Offsets padded with empty runs to slots(n) slots when `slots` is given, else to a multiple of `bucket`
     (None: run_bucket()); max_len is T; windowed, backend as DocRuns."""
-    bucket = bucket or run_bucket()
     new = torch.zeros(B, T, dtype=torch.bool)
     new[:, 0] = True
     if opens is not None:
         new |= opens.cpu()
     starts = new.flatten().nonzero().flatten()  # (N,)
     n = starts.numel()
-    count = slots(n) if slots is not None else -(-n // bucket) * bucket
+    count = slots(n) if slots is not None else _round_up(n, bucket or run_bucket())
     cu = torch.full((count + 1,), B * T, dtype=torch.int32)
     cu[:n] = starts.to(torch.int32)
     return DocRuns(cu, T, windowed, backend)

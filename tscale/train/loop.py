@@ -246,7 +246,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         if why:
             raise UserError(f'train.attention = "{cfg.train.attention}": {why}; use train.attention = "auto"')
 
-    run_slots, batches_seen = None, [0]
+    run_slots, batches_seen = None, 0
     if over_runs:  # one high-water mark of the batches' run counts for the whole run
         split = folder.manifest["splits"]["train"]
         run_slots = RunSlots(initial=expected_slots(cfg.train.batch_size, cfg.model.seq_len,
@@ -254,16 +254,17 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
 
     def batch_runs(x: torch.Tensor) -> DocRuns | None:
         """The document runs of a host batch x (B, T), on the device; None under train.attention = "auto"."""
+        nonlocal batches_seen
         if not over_runs:
             return None
         opens = (x == cfg.model.eos_id) if cfg.model.doc_mask else None
         before = run_slots.slots
         runs = doc_runs(opens, *x.shape, windowed=runs_windowed, backend=runs_backend, slots=run_slots)
-        if run_slots.slots != before and batches_seen[0]:
+        if run_slots.slots != before and batches_seen:
             progress.note(f"step {step}: a batch has more document runs than the {before} slots so far; "
                           f"{run_slots.slots} from now on (a new shape: the compiled step and cuDNN's graphs are "
                           "built again)")
-        batches_seen[0] += 1
+        batches_seen += 1
         return runs.to(device, non_blocking=True)
 
     mode = cfg.train.compile_mode  # "default" is torch's own default
