@@ -6,7 +6,8 @@
 # .devdata/hopper/: the nvidia-cudnn-frontend wheel for the GPU machine's Python (PYTHON_VERSION, default 3.12)
 # without the packages `import cudnn` loads only on first attribute access and the graph API
 # (tscale/ops/attention_cudnn.py) never touches: about 5.5 MB instead of 12. Its RECORD is rewritten to match.
-# .devdata/sub/: every 4th document of mix.jsonl.xz and code-slice.jsonl.xz, with gpt2-bpe/, about 16 MB: enough
+# .devdata/sub/: every 4th document of mix.jsonl.xz and code-slice.jsonl.xz, with gpt2-bpe/ and the tests'
+# shakespeare.jsonl.xz, about 18 MB: enough
 # tokens (28.6M) for timing runs, not for the convergence benchmark, which needs the whole corpus
 # (.devdata/data, prepare_carry.sh). With .whl (2.8 MB without CUTLASS's headers) and the tree, .devdata/data
 # (57.5 MB) and .devdata/hopper together exceed the limit; carry .devdata/sub instead and copy it to
@@ -47,4 +48,6 @@ if [ ! -e .devdata/sub/code-slice.jsonl.xz ]; then
     mv ".devdata/sub/$f.jsonl.xz.part" ".devdata/sub/$f.jsonl.xz"
   done
 fi
+# the tests' small corpus (1.6 MB): without it the CUDA training tests skip
+[ -e .devdata/sub/shakespeare.jsonl.xz ] || cp "$DATA/shakespeare.jsonl.xz" .devdata/sub/
 du -sh .devdata/hopper .devdata/sub

@@ -9,7 +9,8 @@
 # without it. Exports PYTHONPATH (wheels installed under /tmp/site), CC/CXX (the system gcc/g++ whatever the
 # machine presets, unless TSCALE_CC/TSCALE_CXX say otherwise: a toolchain that links libstdc++
 # statically made the tests segfault), MAX_JOBS and TORCH_CUDA_ARCH_LIST (this GPU's
-# capability, e.g. 9.0, ignoring a preset such as 9.0a). Prints the build time.
+# capability, e.g. 9.0, ignoring a preset such as 9.0a) and TSCALE_DATA (.devdata/data, when carried). Prints
+# the build time.
 LOG_DIR=${1:?usage: source scripts/device/setup_env.sh LOG_DIR}
 mkdir -p "$LOG_DIR"
 wheels=$(compgen -G ".whl/*.whl"; compgen -G ".devdata/hopper/*.whl")  # the second: the cuDNN frontend, when carried
@@ -21,6 +22,8 @@ if compgen -G ".whl/cutlass-*-headers.tar.xz" > /dev/null; then  # CUTLASS's hea
   mkdir -p /tmp/cutlass && tar -xJf .whl/cutlass-*-headers.tar.xz -C /tmp/cutlass
   export TSCALE_CUTLASS_DIR=/tmp/cutlass
 fi
+# the tests' real-data folder (tests/conftest.py): the corpus the run carried, where ../shared is absent
+[ -d .devdata/data ] && export TSCALE_DATA=${TSCALE_DATA:-$PWD/.devdata/data}
 export CC=${TSCALE_CC:-gcc} CXX=${TSCALE_CXX:-g++} MAX_JOBS=${MAX_JOBS:-$(nproc)}
 TORCH_CUDA_ARCH_LIST=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
 export TORCH_CUDA_ARCH_LIST
