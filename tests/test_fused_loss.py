@@ -47,6 +47,33 @@ def test_chunked_loss_matches_the_reference_in_float32(softcap, chunk):
     assert got[1].abs().sum() > 0 and got[2][:21].abs().sum() > 0
 
 
+def test_cpu_chunks_keep_the_logits_under_the_buffer_bound(monkeypatch):
+    """On a CPU the default chunk holds at most CPU_CHUNK_ELEMENTS logits (so buffers are reused), on a GPU
+    DEFAULT_CHUNK tokens; the loss in those chunks is the reference's."""
+    from tscale.ops import fused_loss
+
+    assert fused_loss.default_chunk(torch.device("cpu"), 50_257) * 50_257 <= fused_loss.CPU_CHUNK_ELEMENTS
+    assert fused_loss.default_chunk(torch.device("cpu"), 50_257) >= 100  # not a token at a time either
+    assert fused_loss.default_chunk(torch.device("cuda"), 50_257) == fused_loss.DEFAULT_CHUNK
+    assert fused_loss.default_chunk(torch.device("cpu"), 10 * fused_loss.CPU_CHUNK_ELEMENTS) == 1
+    monkeypatch.setattr(fused_loss, "CPU_CHUNK_ELEMENTS", 21 * 5)  # 5 tokens a chunk: 8 chunks of 37 tokens
+    chunks = []
+    real_matmul = torch.Tensor.__matmul__
+
+    def counted(a, b):
+        chunks.append(a.shape[0])
+        return real_matmul(a, b)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", counted)
+    hidden, weight, targets = _case()
+    got = _loss_and_grads(chunked_head_loss, hidden, weight, targets, vocab_size=21, softcap=2.0)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", real_matmul)
+    want = _loss_and_grads(head_loss_reference, hidden, weight, targets, vocab_size=21, softcap=2.0)
+    assert chunks[::3] == [5] * 7 + [2]  # each chunk's logits product (n, d) @ (d, V), then its two gradients
+    for name, a, b in zip(("loss", "hidden grad", "weight grad"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+
+
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 def test_one_pass_loss_matches_the_reference_in_float32(softcap):
     hidden, weight, targets = _case()
@@ -121,9 +148,12 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-# (setting, the loss function it routes the step through, steps that call it: the kernel serves GPU steps only)
+# (setting, the loss function it routes the step through, steps that call it: train.loss_kernel is the kernel on a
+# GPU, the chunked loss on a CPU)
+ON_GPU = torch.cuda.is_available()
 TRAINED_WITH = [("train.fused_loss", "chunked_head_loss", 5),
-                ("train.loss_kernel", "head_loss", 5 if torch.cuda.is_available() else 0)]
+                ("train.loss_kernel", "head_loss", 5 if ON_GPU else 0),
+                ("train.loss_kernel", "chunked_head_loss", 0 if ON_GPU else 5)]
 
 
 @pytest.mark.parametrize("setting,name,calls_expected", TRAINED_WITH)
@@ -145,7 +175,7 @@ def test_training_with_a_fused_loss_follows_the_logits_path(tokens, tmp_path, mo
         train_run(cfg, tmp_path / on, quiet=True)
         curves[on] = _losses(tmp_path / on)
     assert len(curves["true"]) == 5 and calls == [(4 * 32, 32)] * calls_expected  # the fused run's steps only
-    rel = 1e-2 if torch.cuda.is_available() else 1e-4  # bf16 on a GPU
+    rel = 1e-2 if ON_GPU else 1e-4  # bf16 on a GPU
     assert curves["true"] == pytest.approx(curves["false"], rel=rel)
 
 

@@ -17,7 +17,16 @@ vocab_size (the padding rows of the head) are left out, as the plain path slices
 import torch
 import torch.nn.functional as F
 
-DEFAULT_CHUNK = 2048  # tokens of logits at a time (2048 x 50,257 fp32: 0.4 GB a buffer)
+DEFAULT_CHUNK = 2048  # tokens of logits at a time on a GPU (2048 x 50,257 fp32: 0.4 GB a buffer)
+# On a CPU a chunk's fp32 logits stay under 24 MiB: glibc maps each larger buffer afresh (above its 32 MiB
+# mmap threshold) and the kernel zeroes every page of it again, which made a 2,048-token chunk at 50,257
+# tokens of vocabulary 1.4x slower than 128-token ones on a 2-core machine (docs/BENCHMARKS.md).
+CPU_CHUNK_ELEMENTS = 6 << 20
+
+
+def default_chunk(device: torch.device, vocab_size: int) -> int:
+    """Tokens of logits per chunk: DEFAULT_CHUNK on a GPU, CPU_CHUNK_ELEMENTS / vocab_size (at least 1) elsewhere."""
+    return DEFAULT_CHUNK if device.type == "cuda" else max(1, CPU_CHUNK_ELEMENTS // vocab_size)
 
 
 def head_loss_reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
@@ -67,8 +76,10 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 
 
 def chunked_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                      softcap: float = 0.0, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
-    """Mean cross-entropy of the head over hidden (N, d), `chunk` tokens of logits at a time -> scalar."""
+                      softcap: float = 0.0, chunk: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of the head over hidden (N, d), `chunk` tokens of logits at a time -> scalar
+    (chunk None: default_chunk for hidden's device)."""
+    chunk = default_chunk(hidden.device, vocab_size) if chunk is None else chunk
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"chunked_head_loss: hidden (N, d) and targets (N,), got {tuple(hidden.shape)} and "
                          f"{tuple(targets.shape)}")
@@ -77,4 +88,4 @@ def chunked_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
     return _ChunkedHeadLoss.apply(hidden, weight, targets, vocab_size, float(softcap), chunk)
 
 
-__all__ = ["chunked_head_loss", "head_loss_reference"]
+__all__ = ["chunked_head_loss", "default_chunk", "head_loss_reference"]
