@@ -132,6 +132,35 @@ def test_models_give_the_same_loss_and_gradients_either_way(arch, how):
         torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "tscale"])
+def test_per_token_losses_on_a_cpu_are_made_in_chunks_and_match_the_logits_path(arch, monkeypatch):
+    """model(idx, targets=...) on a CPU takes its logits a chunk of tokens at a time: the same per-token losses
+    (and gradients) as token_losses over the whole logits."""
+    from tscale.model.loss import token_losses
+    from tscale.ops import fused_loss
+
+    extra = dict(head_dim=16, window=8, global_every=2, logit_softcap=10.0, zero_init=False) if arch == "tscale" else {}
+    cfg = ModelConfig(arch=arch, vocab_size=100, eos_id=99, n_layer=2, n_head=2, d_model=32, seq_len=16, **extra)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    idx, targets = torch.randint(0, 100, (3, 16)), torch.randint(0, 100, (3, 16))
+    monkeypatch.setattr(fused_loss, "CPU_CHUNK_ELEMENTS", 100 * 10)  # 10 tokens a chunk: 5 chunks of 48 tokens
+    heads = []
+    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(args[0].shape[:-1]))
+    results = []
+    for chunked in (False, True):
+        model.zero_grad(set_to_none=True)
+        nats = model(idx, targets=targets) if chunked else token_losses(model(idx), targets)  # (B, T)
+        (nats * torch.linspace(0.5, 2.0, 16)).sum().backward()  # a gradient that weighs the positions
+        results.append((nats.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert heads == [(3, 16)] + [(10,)] * 4 + [(8,)]
+    (plain, plain_grads), (chunked, chunked_grads) = results
+    assert chunked.shape == (3, 16)
+    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-6)
+    for name in plain_grads:
+        torch.testing.assert_close(chunked_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory, shakespeare_jsonl) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tokens"

@@ -32,7 +32,6 @@ from tscale.data.shards import Shard, TokenFolder
 from tscale.errors import UserError
 from tscale.eval.index_eval import bucket_of, bucket_summary, check_index_use, lookup_max_len, val_features
 from tscale.index.mixing import NUM_BUCKETS, IndexFeatures
-from tscale.model.loss import token_losses
 
 COUNT_CHUNK = 1 << 24  # tokens per bincount pass over the train shards
 
@@ -150,7 +149,7 @@ def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str =
                 fed = IndexFeatures.empty(*x.shape, features.topk) if hide_lookups else feats
                 nats = model(x, index=fed.to(device), targets=y)  # (B, L)
             else:
-                nats = token_losses(model(x), y)  # (B, L)
+                nats = model(x, targets=y)  # (B, L); on a CPU the logits are made a chunk of tokens at a time
         nats = nats.double().cpu().numpy()
         lens = feats.match_len.numpy() if feats is not None else [None] * len(rows)  # (B, L)
         for (k, s, e), row, row_nats, row_lens in zip(items, rows, nats, lens):

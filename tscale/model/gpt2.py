@@ -19,7 +19,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import head_mean_loss
+from tscale.model.loss import chunked_token_losses, head_mean_loss
 
 VOCAB_MULTIPLE = 64
 
@@ -138,6 +138,8 @@ class GPT2(nn.Module):
         if loss_targets is not None:
             return head_mean_loss(self.lm_head, hidden, loss_targets, self.cfg.vocab_size, 0.0, self.index,
                                   head_loss)
+        if targets is not None and self.index is None and hidden.device.type == "cpu":
+            return chunked_token_losses(self.lm_head, hidden, targets, self.cfg.vocab_size)  # (B, T)
         logits = self.lm_head(hidden)[..., : self.cfg.vocab_size]  # (B, T, V)
         return head_output(self.index, hidden, logits, index, targets)
 

@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tscale.ops.fused_loss import chunked_head_loss
+from tscale.ops.fused_loss import chunked_head_loss, default_chunk
 from tscale.ops.head_loss import head_loss
 
 
@@ -12,6 +12,23 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-token loss in nats: logits (B, T, V), targets (B, T) -> (B, T)."""
     B, T, V = logits.shape
     return F.cross_entropy(logits.float().view(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
+
+
+def chunked_token_losses(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                         softcap: float = 0.0) -> torch.Tensor:
+    """Per-token loss in nats of the head over hidden (B, T, C) and targets (B, T) -> (B, T), the logits made a
+    chunk of tokens at a time (tscale.ops.fused_loss.default_chunk), as the models' logits path computes them.
+    For evaluation on a CPU, where the whole (B, T, V) logits' buffers are mapped and zeroed anew at every call."""
+    B, T, C = hidden.shape
+    h, y = hidden.reshape(B * T, C), targets.reshape(B * T)
+    chunk = default_chunk(hidden.device, vocab_size)
+    out = []
+    for lo in range(0, B * T, chunk):
+        logits = head(h[lo:lo + chunk])  # (n, V_padded)
+        if softcap:
+            logits = softcap * torch.tanh(logits.float() / softcap)
+        out.append(F.cross_entropy(logits[:, :vocab_size].float(), y[lo:lo + chunk], reduction="none"))  # (n,)
+    return torch.cat(out).view(B, T)
 
 
 def mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

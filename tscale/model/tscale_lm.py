@@ -22,7 +22,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import head_mean_loss
+from tscale.model.loss import chunked_token_losses, head_mean_loss
 from tscale.ops.attention import attention
 from tscale.ops.attention_runs import attention_over_runs
 from tscale.ops.doc_runs import DocRuns
@@ -229,6 +229,8 @@ class TScaleLM(nn.Module):
         if loss_targets is not None:
             return head_mean_loss(self.lm_head, hidden, loss_targets, c.vocab_size, c.logit_softcap, self.index,
                                   head_loss)
+        if targets is not None and self.index is None and hidden.device.type == "cpu":
+            return chunked_token_losses(self.lm_head, hidden, targets, c.vocab_size, c.logit_softcap)  # (B, T)
         logits = self.lm_head(hidden)  # (B, T, V_padded)
         if c.logit_softcap:
             logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 DEFAULT_CHUNK = 2048  # tokens of logits at a time on a GPU (2048 x 50,257 fp32: 0.4 GB a buffer)
-# On a CPU a chunk's fp32 logits stay under 24 MiB: glibc maps each larger buffer afresh (above its 32 MiB
-# mmap threshold) and the kernel zeroes every page of it again, which made a 2,048-token chunk at 50,257
-# tokens of vocabulary 1.4x slower than 128-token ones on a 2-core machine (docs/BENCHMARKS.md).
+# On a CPU a chunk's fp32 logits stay under 24 MiB: glibc maps every buffer above its mmap threshold afresh
+# (32 MiB at most, where CPU training sets it: tscale/train/cpu_allocator.py) and the kernel zeroes each page of
+# it again, which made 2,048-token chunks at 50,257 tokens of vocabulary 1.4x slower than 128-token ones on a
+# 2-core machine (docs/BENCHMARKS.md).
 CPU_CHUNK_ELEMENTS = 6 << 20
 
 

@@ -119,7 +119,7 @@ def evaluate(model, folder: TokenFolder, cfg: RunConfig, device, autocast, featu
         x, y = batch[0].to(device), batch[1].to(device)
         with autocast():
             if features is None:
-                loss = mean_loss(model(x), y)
+                loss = model(x, targets=y).mean()  # per-token losses: on a CPU made a chunk of logits at a time
             else:
                 loss = model(x, index=batch[2].to(device), targets=y).mean()
         total += loss.item() * y.numel()
