@@ -461,3 +461,32 @@ def test_backoff_distribution_trains_evaluates_and_generates(world, tmp_path):
     with torch.no_grad():
         logp = engine.model(torch.tensor([ids]), index=feats)  # (1, T, V)
     assert generated == logp[0, len(prompt) - 1:-1].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "tscale"])
+@pytest.mark.parametrize("with_index", [False, True])
+def test_logits_of_the_last_positions_are_those_of_the_whole_forward(arch, with_index):
+    """model(..., last=n) (generation's prefill and drafts) gives the last n rows of the full forward, through the
+    cache and the index's mixer, and runs the head on those rows only."""
+    cfg = ModelConfig(arch=arch, n_layer=2, d_model=32, n_head=2, seq_len=SEQ_LEN, vocab_size=300, eos_id=0)
+    torch.manual_seed(1)
+    model = build_model(cfg, IndexConfig(path="x", inputs=True, mixer=True, gate_stats=True) if with_index else None)
+    with torch.no_grad():
+        model.lm_head.weight.normal_()  # tscale starts it at zero
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 300, (2, 12), generator=g)
+    nxt = torch.randint(-1, 300, (2, 12, 4), generator=g)
+    feats = IndexFeatures(torch.randint(0, 40, (2, 12), generator=g), nxt, torch.randint(1, 6, (2, 12, 4)) * (nxt >= 0))
+    kw = (lambda lo, hi: {"index": IndexFeatures(*(t[:, lo:hi] for t in feats))}) if with_index else (lambda lo, hi: {})
+    rows = []
+    model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    with torch.no_grad():
+        whole = model(x, **kw(0, 12))  # (2, 12, V)
+        cache = model.new_cache(2, SEQ_LEN, "cpu", torch.float32)
+        prefill = model(x[:, :9], cache, last=1, **kw(0, 9))  # (2, 1, V)
+        step = model(x[:, 9:], cache, last=2, **kw(9, 12))  # (2, 2, V)
+    assert rows == [12, 1, 2] and prefill.shape == (2, 1, 300) and step.shape == (2, 2, 300)
+    torch.testing.assert_close(prefill[:, 0], whole[:, 8], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(step, whole[:, 10:], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="last"):
+        model(x, targets=x, last=1, **kw(0, 12))

@@ -151,13 +151,13 @@ class Scripted(nn.Module):
     def new_cache(self, batch, max_len, device, dtype):
         return SimpleNamespace(pos=0)
 
-    def forward(self, idx, cache=None):
+    def forward(self, idx, cache=None, last=0):
         B, T = idx.shape
         cache.pos += T
         logits = torch.full((B, T, self.vocab), -1e4)  # (B, T, V)
         logits[:, -1, self.script[self.i]] = 0.0
         self.i += 1
-        return logits
+        return logits[:, -last:] if last else logits
 
 
 @pytest.fixture(scope="module")

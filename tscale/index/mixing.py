@@ -83,6 +83,10 @@ class IndexFeatures(NamedTuple):
     def pin_memory(self) -> "IndexFeatures":
         return IndexFeatures(*(t.pin_memory() for t in self))
 
+    def last(self, n: int) -> "IndexFeatures":
+        """The features of the last n positions of each row: (B, n[, K])."""
+        return IndexFeatures(*(t[:, -n:] for t in self))
+
     def drop_windows(self, p: float) -> "IndexFeatures":
         """Each window (row) independently, with probability p, as if the index had no match anywhere in it."""
         keep = torch.rand(self.match_len.shape[0], 1, device=self.match_len.device) >= p  # (B, 1)

@@ -159,12 +159,13 @@ class Engine:
                             f"(shorten it; the model sees at most model.seq_len tokens)")
         return ids
 
-    def _logits(self, x: torch.Tensor, cache, ids: list[int]) -> torch.Tensor:
-        """Logits (1, n, V) of x (1, n), the last n tokens of `ids`, continuing the cache."""
+    def _logits(self, x: torch.Tensor, cache, ids: list[int], last: int) -> torch.Tensor:
+        """Logits (1, last, V) of the last `last` positions of x (1, n), the last n tokens of `ids`, continuing the
+        cache (the head skips the positions before them: a prompt's prefill makes one row of logits, not n)."""
         with self._autocast():
             if self.lookups is None:
-                return self.model(x, cache)
-            return self.model(x, cache, index=self.lookups.last(ids, x.shape[1]))
+                return self.model(x, cache, last=last)
+            return self.model(x, cache, index=self.lookups.last(ids, x.shape[1]), last=last)
 
     @torch.no_grad()
     def token_stream(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
@@ -185,7 +186,7 @@ class Engine:
         ids = list(prompt_ids)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, P)
         for i in range(max_new_tokens):
-            logits = self._logits(x, cache, ids)[:, -1]  # (1, V)
+            logits = self._logits(x, cache, ids, 1)[:, -1]  # (1, V)
             stats.passes += 1
             tok = int(sample_next(logits, sampling, generator)[0])
             yield tok
@@ -204,7 +205,7 @@ class Engine:
             draft = self.drafter.draft(ids, room) if room > 0 else []
             start = cache.pos
             x = torch.tensor([pending + draft], dtype=torch.long, device=self.device)  # (1, p + n)
-            logits = self._logits(x, cache, ids + draft)[0, len(pending) - 1:]  # (n + 1, V)
+            logits = self._logits(x, cache, ids + draft, len(draft) + 1)[0]  # (n + 1, V): the last pending id's on
             kept, tok = accept(logits, draft, sampling, generator)
             stats.passes += 1
             stats.drafted += len(draft)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
-from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
+from tscale.model.index_adapter import check_features, embed_inputs, head_output, last_positions, make_adapter
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_token_losses, head_mean_loss
 
@@ -110,8 +110,9 @@ class GPT2(nn.Module):
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
                 targets: torch.Tensor | None = None, loss_targets: torch.Tensor | None = None,
-                head_loss: str = "kernel") -> torch.Tensor:
+                head_loss: str = "kernel", last: int = 0) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
+        last > 0: the logits of the last `last` positions only, (B, last, V) (generation needs no others).
 
         index: the token index's features of these positions (models built with the index need
         them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
@@ -138,6 +139,7 @@ class GPT2(nn.Module):
         if loss_targets is not None:
             return head_mean_loss(self.lm_head, hidden, loss_targets, self.cfg.vocab_size, 0.0, self.index,
                                   head_loss)
+        hidden, index = last_positions(hidden, index, targets, last)
         if targets is not None and self.index is None and hidden.device.type == "cpu":
             return chunked_token_losses(self.lm_head, hidden, targets, self.cfg.vocab_size)  # (B, T)
         logits = self.lm_head(hidden)[..., : self.cfg.vocab_size]  # (B, T, V)

@@ -52,6 +52,17 @@ def head_output(adapter: IndexAdapter | None, hidden: torch.Tensor, logits: torc
     return adapter.output(hidden, logits, feats, targets)
 
 
+def last_positions(hidden: torch.Tensor, feats: IndexFeatures | None, targets: torch.Tensor | None,
+                   last: int) -> tuple[torch.Tensor, IndexFeatures | None]:
+    """hidden (B, T, C) and the features cut to their last `last` positions, the head's input for generation;
+    unchanged when last is 0."""
+    if not last:
+        return hidden, feats
+    if last < 0 or targets is not None:
+        raise ValueError(f"last={last}: the logits of the last positions (last > 0), not with per-token losses")
+    return hidden[:, -last:], (feats.last(last) if feats is not None else None)
+
+
 def make_adapter(vocab_size: int, dim: int, cfg: IndexConfig | None) -> IndexAdapter | None:
     return IndexAdapter(vocab_size, dim, cfg) if cfg is not None and cfg.enabled else None
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tscale.config import IndexConfig, ModelConfig
 from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
-from tscale.model.index_adapter import check_features, embed_inputs, head_output, make_adapter
+from tscale.model.index_adapter import check_features, embed_inputs, head_output, last_positions, make_adapter
 from tscale.model.kv_cache import KVCache
 from tscale.model.loss import chunked_token_losses, head_mean_loss
 from tscale.ops.attention import attention
@@ -185,8 +185,9 @@ class TScaleLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, index: IndexFeatures | None = None,
                 targets: torch.Tensor | None = None, runs: DocRuns | None = None,
-                loss_targets: torch.Tensor | None = None, head_loss: str = "kernel") -> torch.Tensor:
+                loss_targets: torch.Tensor | None = None, head_loss: str = "kernel", last: int = 0) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T); with a cache, idx continues the cached positions.
+        last > 0: the logits of the last `last` positions only, (B, last, V) (generation needs no others).
 
         runs: idx's document runs (tscale.ops.doc_runs.doc_runs, by the model.doc_mask rule),
         to run attention through FlashAttention-2 or cuDNN (runs.backend) in the layers they serve (all, or
@@ -229,6 +230,7 @@ class TScaleLM(nn.Module):
         if loss_targets is not None:
             return head_mean_loss(self.lm_head, hidden, loss_targets, c.vocab_size, c.logit_softcap, self.index,
                                   head_loss)
+        hidden, index = last_positions(hidden, index, targets, last)
         if targets is not None and self.index is None and hidden.device.type == "cpu":
             return chunked_token_losses(self.lm_head, hidden, targets, c.vocab_size, c.logit_softcap)  # (B, T)
         logits = self.lm_head(hidden)  # (B, T, V_padded)
