@@ -133,32 +133,43 @@ def test_models_give_the_same_loss_and_gradients_either_way(arch, how):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "tscale"])
-def test_per_token_losses_on_a_cpu_are_made_in_chunks_and_match_the_logits_path(arch, monkeypatch):
-    """model(idx, targets=...) on a CPU takes its logits a chunk of tokens at a time: the same per-token losses
-    (and gradients) as token_losses over the whole logits."""
+@pytest.mark.parametrize("with_index", [False, True])
+def test_per_token_losses_on_a_cpu_are_made_in_chunks_and_match_the_whole_logits(arch, with_index, monkeypatch):
+    """model(idx, targets=...) on a CPU takes its logits (and the index's mixture) a chunk of tokens at a time:
+    the same per-token losses and gradients as one pass over the whole logits."""
+    from tscale.index.mixing import IndexFeatures
     from tscale.model.loss import token_losses
     from tscale.ops import fused_loss
 
     extra = dict(head_dim=16, window=8, global_every=2, logit_softcap=10.0, zero_init=False) if arch == "tscale" else {}
     cfg = ModelConfig(arch=arch, vocab_size=100, eos_id=99, n_layer=2, n_head=2, d_model=32, seq_len=16, **extra)
     torch.manual_seed(0)
-    model = build_model(cfg)
-    idx, targets = torch.randint(0, 100, (3, 16)), torch.randint(0, 100, (3, 16))
-    monkeypatch.setattr(fused_loss, "CPU_CHUNK_ELEMENTS", 100 * 10)  # 10 tokens a chunk: 5 chunks of 48 tokens
+    model = build_model(cfg, IndexConfig(path="x", inputs=True, mixer=True, gate_stats=True) if with_index else None)
+    with torch.no_grad():
+        model.lm_head.weight.normal_()
+    g = torch.Generator().manual_seed(1)
+    idx, targets = torch.randint(0, 100, (3, 16), generator=g), torch.randint(0, 100, (3, 16), generator=g)
+    nxt = torch.randint(-1, 100, (3, 16, 4), generator=g)
+    kw = {"index": IndexFeatures(torch.randint(0, 40, (3, 16), generator=g), nxt,
+                                 torch.randint(1, 6, (3, 16, 4), generator=g) * (nxt >= 0))} if with_index else {}
     heads = []
-    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(args[0].shape[:-1]))
+    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(tuple(args[0].shape[:-1])))
     results = []
-    for chunked in (False, True):
+    for elements in (10 ** 12, 100 * 10):  # one chunk (the whole logits); 10 tokens a chunk: 5 chunks of 48 tokens
+        monkeypatch.setattr(fused_loss, "CPU_CHUNK_ELEMENTS", elements)
         model.zero_grad(set_to_none=True)
-        nats = model(idx, targets=targets) if chunked else token_losses(model(idx), targets)  # (B, T)
+        nats = model(idx, targets=targets, **kw)  # (B, T)
         (nats * torch.linspace(0.5, 2.0, 16)).sum().backward()  # a gradient that weighs the positions
         results.append((nats.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    assert heads == [(3, 16)] + [(10,)] * 4 + [(8,)]
-    (plain, plain_grads), (chunked, chunked_grads) = results
-    assert chunked.shape == (3, 16)
-    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-6)
-    for name in plain_grads:
-        torch.testing.assert_close(chunked_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert heads == [(1, 48)] + [(1, 10)] * 4 + [(1, 8)]
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    assert chunked.shape == (3, 16) and whole_grads.keys() == chunked_grads.keys()
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
+    for name in whole_grads:
+        torch.testing.assert_close(chunked_grads[name], whole_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    if not with_index:  # and the whole pass is the models' logits path
+        with torch.no_grad():
+            torch.testing.assert_close(whole, token_losses(model(idx), targets), rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

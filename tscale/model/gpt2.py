@@ -19,7 +19,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, last_positions, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import chunked_token_losses, head_mean_loss
+from tscale.model.loss import head_mean_loss, token_losses_in_chunks
 
 VOCAB_MULTIPLE = 64
 
@@ -140,8 +140,12 @@ class GPT2(nn.Module):
             return head_mean_loss(self.lm_head, hidden, loss_targets, self.cfg.vocab_size, 0.0, self.index,
                                   head_loss)
         hidden, index = last_positions(hidden, index, targets, last)
-        if targets is not None and self.index is None and hidden.device.type == "cpu":
-            return chunked_token_losses(self.lm_head, hidden, targets, self.cfg.vocab_size)  # (B, T)
+        if targets is not None and hidden.device.type == "cpu":
+            return token_losses_in_chunks(self._tail, hidden, index, targets, self.cfg.vocab_size)  # (B, T)
+        return self._tail(hidden, index, targets)
+
+    def _tail(self, hidden: torch.Tensor, index: IndexFeatures | None, targets: torch.Tensor | None) -> torch.Tensor:
+        """hidden (B, T, C) -> logits (B, T, V), mixed by the index's mixer, or per-token losses (B, T) with targets."""
         logits = self.lm_head(hidden)[..., : self.cfg.vocab_size]  # (B, T, V)
         return head_output(self.index, hidden, logits, index, targets)
 

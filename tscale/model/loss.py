@@ -1,5 +1,7 @@
 """Next-token cross-entropy: on logits in float32, or straight from the head's input (in chunks or by kernel)."""
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -14,21 +16,20 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
 
 
-def chunked_token_losses(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                         softcap: float = 0.0) -> torch.Tensor:
-    """Per-token loss in nats of the head over hidden (B, T, C) and targets (B, T) -> (B, T), the logits made a
-    chunk of tokens at a time (tscale.ops.fused_loss.default_chunk), as the models' logits path computes them.
-    For evaluation on a CPU, where the whole (B, T, V) logits' buffers are mapped and zeroed anew at every call."""
+def token_losses_in_chunks(tail: Callable, hidden: torch.Tensor, feats: tuple | None, targets: torch.Tensor,
+                           vocab_size: int) -> torch.Tensor:
+    """Per-token losses (B, T) of a model's tail over hidden (B, T, C), a chunk of tokens at a time
+    (tscale.ops.fused_loss.default_chunk), so that no buffer holds more than a chunk's logits: on a CPU the whole
+    (B, T, V) buffers are mapped and zeroed anew at every call. tail(hidden (1, n, C), the index features of those
+    n positions or None, targets (1, n)) -> losses (1, n): the head, its soft-cap and the index's mixture, each of
+    which works position by position; gradients flow through it as through one call."""
     B, T, C = hidden.shape
-    h, y = hidden.reshape(B * T, C), targets.reshape(B * T)
+    h, y = hidden.reshape(1, B * T, C), targets.reshape(1, B * T)
+    f = type(feats)(*(t.reshape(1, B * T, *t.shape[2:]) for t in feats)) if feats is not None else None
     chunk = default_chunk(hidden.device, vocab_size)
-    out = []
-    for lo in range(0, B * T, chunk):
-        logits = head(h[lo:lo + chunk])  # (n, V_padded)
-        if softcap:
-            logits = softcap * torch.tanh(logits.float() / softcap)
-        out.append(F.cross_entropy(logits[:, :vocab_size].float(), y[lo:lo + chunk], reduction="none"))  # (n,)
-    return torch.cat(out).view(B, T)
+    out = [tail(h[:, lo:lo + chunk], type(f)(*(t[:, lo:lo + chunk] for t in f)) if f is not None else None,
+                y[:, lo:lo + chunk]) for lo in range(0, B * T, chunk)]  # each (1, n)
+    return torch.cat(out, dim=1).view(B, T)
 
 
 def mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
