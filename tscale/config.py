@@ -137,10 +137,11 @@ class TrainConfig(_Section):
     # (tscale/ops/fused_loss.py): less memory; models without the token index; the head must stay a plain layer
     fused_loss: bool = False
     # the step's loss and its gradient w.r.t. the logits made in the forward pass, for models without the token
-    # index whose head is a plain layer: on a GPU with bf16 autocast in one pass over the logits (tscale/ops/head_loss.py,
-    # a CUDA kernel; 124M on an H200: gpt2 +6.4%, tscale +8.0% tokens/s; peak memory gpt2 +3.1 GB, tscale -3.0 GB), on
-    # a CPU a chunk of tokens at a time as train.fused_loss does, in buffers small enough to be reused (a 50,257-token
-    # head 1.9x faster than the logits path on 2 cores); the logits path elsewhere and when false (docs/BENCHMARKS.md)
+    # index whose head is a plain layer: on a GPU with bf16 autocast in one pass over the logits
+    # (tscale/ops/head_loss.py, a CUDA kernel; 124M on an H200: gpt2 +6.4%, tscale +8.0% tokens/s; peak memory
+    # gpt2 +3.1 GB, tscale -3.0 GB), on a CPU a chunk of tokens at a time as train.fused_loss does, in buffers
+    # small enough to be reused (a 50,257-token head's loss about 2.4x faster than the logits path on 2 cores);
+    # the logits path elsewhere and when false (docs/BENCHMARKS.md)
     loss_kernel: bool = True
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)

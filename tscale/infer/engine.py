@@ -205,7 +205,8 @@ class Engine:
             draft = self.drafter.draft(ids, room) if room > 0 else []
             start = cache.pos
             x = torch.tensor([pending + draft], dtype=torch.long, device=self.device)  # (1, p + n)
-            logits = self._logits(x, cache, ids + draft, len(draft) + 1)[0]  # (n + 1, V): the last pending id's on
+            # (n + 1, V): from the last pending id's position on
+            logits = self._logits(x, cache, ids + draft, len(draft) + 1)[0]
             kept, tok = accept(logits, draft, sampling, generator)
             stats.passes += 1
             stats.drafted += len(draft)

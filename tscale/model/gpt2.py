@@ -116,7 +116,8 @@ class GPT2(nn.Module):
 
         index: the token index's features of these positions (models built with the index need
         them; with its mixer the result is mixed log-probs). targets (B, T): return per-token
-        losses (B, T) in nats instead. loss_targets (B, T): return the mean loss (a scalar), the
+        losses (B, T) in nats instead (on a CPU made a chunk of tokens at a time:
+        tscale.model.loss.token_losses_in_chunks). loss_targets (B, T): return the mean loss (a scalar), the
         head's logits never kept: reduced with their gradient in one pass (head_loss "kernel") or
         made in chunks ("chunked", `train.fused_loss`); models without the index.
         """
