@@ -30,9 +30,9 @@ trains both presets on windows of T tokens (model.seq_len; gpt2's position table
 --rounds N runs every preset N times, the order reversed every other round (the GPU's clock drifts over
 a process), and records the mean.
 
-Merges into docs/bench/architecture.json (part "arch speed", or "arch speed at T <T>" for other lengths): arch_speed_tokens_per_s_<arch>_<mode>,
-arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the run) and
-arch_speed_ratio_<mode> = tscale / gpt2 (with --attention ALT also arch_speed_ratio_ALT_<mode>, with
+Merges into docs/bench/architecture.json (part "arch speed", or "arch speed at T <T>" for other lengths):
+arch_speed_tokens_per_s_<arch>_<mode>, arch_speed_peak_gib_<arch>_<mode> (peak GPU memory allocated by the
+run) and arch_speed_ratio_<mode> = tscale / gpt2 (with --attention ALT also arch_speed_ratio_ALT_<mode>, with
 --fused-loss arch_speed_ratio_fused_loss_<mode>). The headline `throughput_ratio` stays the one of the
 convergence runs (docs/architecture.md); this measures the same ratio without a training run
 around it, so that a change of the step (the optimizer, CUDA graphs) can be timed alone.
@@ -105,7 +105,7 @@ def speed_note(args: argparse.Namespace, alternatives: set[str], batch: int) -> 
     """The record's paragraph for this run: one part per window length, so runs at 1024 and 4096 keep both."""
     part = ("arch speed (arch_speed.py)" if args.seq_len == 1024
             else f"arch speed at T {args.seq_len} (arch_speed.py --seq-len {args.seq_len})")
-    note = (f"{part}: configs/gpt2-124m.toml and configs/tscale-124m.toml"
+    return (f"{part}: configs/gpt2-124m.toml and configs/tscale-124m.toml"
             f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''}"
             f"{' (both also with train.loss_kernel = false)' if args.logits_loss else ''}"
@@ -115,7 +115,6 @@ def speed_note(args: argparse.Namespace, alternatives: set[str], batch: int) -> 
             f"batch {batch} x {args.seq_len}, bf16 autocast, torch.compile in modes {', '.join(args.modes)}, "
             f"{args.steps} timed steps after {args.warmup}, one process, one preset after the other"
             f"{f', {args.rounds} rounds (order reversed every other round), the mean recorded' if args.rounds > 1 else ''}")
-    return note
 
 
 def main() -> None:

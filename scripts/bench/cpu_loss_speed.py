@@ -78,14 +78,13 @@ def evaluation_paths(N: int, d: int, V: int) -> dict:
     hidden = torch.randn(N // 128, 128, d, generator=g)  # (B, T, d)
     y = torch.randint(0, V, (N // 128, 128), generator=g)
 
-    def whole():
-        with torch.no_grad():
-            logits = SOFTCAP * torch.tanh(head(hidden).float() / SOFTCAP)
-            return token_losses(logits[..., :V], y)
-
     def tail(h, feats, targets):  # the tscale model's tail without the index: head, soft-cap, per-token loss
         logits = SOFTCAP * torch.tanh(head(h).float() / SOFTCAP)
         return token_losses(logits[..., :V], targets)
+
+    def whole():
+        with torch.no_grad():
+            return tail(hidden, None, y)
 
     def chunked():
         with torch.no_grad():

@@ -19,7 +19,7 @@ from tscale.index.mixing import IndexFeatures
 from tscale.model.block_region import train_block
 from tscale.model.index_adapter import check_features, embed_inputs, head_output, last_positions, make_adapter
 from tscale.model.kv_cache import KVCache
-from tscale.model.loss import head_mean_loss, token_losses_in_chunks
+from tscale.model.loss import head_mean_loss, run_tail
 
 VOCAB_MULTIPLE = 64
 
@@ -141,9 +141,7 @@ class GPT2(nn.Module):
             return head_mean_loss(self.lm_head, hidden, loss_targets, self.cfg.vocab_size, 0.0, self.index,
                                   head_loss)
         hidden, index = last_positions(hidden, index, targets, last)
-        if targets is not None and hidden.device.type == "cpu":
-            return token_losses_in_chunks(self._tail, hidden, index, targets, self.cfg.vocab_size)  # (B, T)
-        return self._tail(hidden, index, targets)
+        return run_tail(self._tail, hidden, index, targets, self.cfg.vocab_size)
 
     def _tail(self, hidden: torch.Tensor, index: IndexFeatures | None, targets: torch.Tensor | None) -> torch.Tensor:
         """hidden (B, T, C) -> logits (B, T, V), mixed by the index's mixer, or per-token losses (B, T) with targets."""

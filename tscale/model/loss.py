@@ -32,6 +32,15 @@ def token_losses_in_chunks(tail: Callable, hidden: torch.Tensor, feats: tuple | 
     return torch.cat(out, dim=1).view(B, T)
 
 
+def run_tail(tail: Callable, hidden: torch.Tensor, feats: tuple | None, targets: torch.Tensor | None,
+             vocab_size: int) -> torch.Tensor:
+    """A model's tail(hidden, feats, targets) over the whole batch, except per-token losses on a CPU: those in
+    chunks (token_losses_in_chunks); on a GPU the caching allocator reuses the whole logits' buffers."""
+    if targets is not None and hidden.device.type == "cpu":
+        return token_losses_in_chunks(tail, hidden, feats, targets, vocab_size)  # (B, T)
+    return tail(hidden, feats, targets)
+
+
 def mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     B, T, V = logits.shape
     return F.cross_entropy(logits.float().view(B * T, V), targets.reshape(B * T))
