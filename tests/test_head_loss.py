@@ -41,8 +41,9 @@ def test_reference_twin_is_cross_entropy_and_its_gradient(softcap):
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("softcap", [0.0, 15.0])
-@pytest.mark.parametrize("N,V,V_pad", [(37, 1000, 1024), (5, 8, 8), (64, 50257, 50304), (3, 65530, 65536)])
+@pytest.mark.parametrize("softcap", [0.0, 15.0, 50.0])  # no cap, a fixed reference, a running maximum
+@pytest.mark.parametrize("N,V,V_pad", [(37, 1000, 1024), (5, 8, 8), (64, 50257, 50304), (3, 65530, 65536),
+                                       (2, 131_071, 131_072)])
 def test_kernel_matches_its_reference_on_random_logits(N, V, V_pad, softcap):
     logits = _logits(N, V_pad, seed=N, dtype=torch.bfloat16, device="cuda")
     targets = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(V)).cuda()
@@ -70,8 +71,9 @@ def emu():
     return build_emulator("tscale_loss_emu", "loss_emu/softcap_xent_emu.cpp", ["csrc/loss", "tests/loss_emu"])
 
 
-EMU_CASES = [  # N, V, V_pad, softcap: 1, 2 and 16 vectors of 8 per thread (the last the GPT-2 vocabulary)
-    (3, 37, 40, 0.0), (2, 1000, 1024, 15.0), (2, 5000, 5120, 0.0), (1, 50257, 50304, 30.0)]
+EMU_CASES = [  # N, V, V_pad, softcap: rows of 5 to 6,288 vectors of 8 (the last the GPT-2 vocabulary); caps of 40
+    (3, 37, 40, 0.0), (2, 1000, 1024, 15.0), (2, 5000, 5120, 0.0), (1, 50257, 50304, 30.0), (2, 3000, 3072, 50.0)]
+# or less sum against a fixed reference, a larger cap keeps a running maximum
 
 
 @pytest.mark.parametrize("seed", [0, 1])  # the emulator's fibers run in another random order

@@ -20,7 +20,8 @@ namespace {
 
 using Vec8 = uint4;  // 8 bf16
 
-// Global memory read or written once: cache-streaming loads and stores (evicted first).
+// Global memory read again soon: cached in L2 only. Read or written for the last time: streaming (evicted first).
+__device__ __forceinline__ Vec8 load_cached(const Vec8* p) { return __ldcg(p); }
 __device__ __forceinline__ Vec8 load_streaming(const Vec8* p) { return __ldcs(p); }
 __device__ __forceinline__ void store_streaming(Vec8* p, Vec8 v) { __stcs(p, v); }
 
@@ -46,8 +47,24 @@ __device__ __forceinline__ Vec8 pack8(const float (&x)[8]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-__device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
-__device__ __forceinline__ float fast_log(float x) { return __logf(x); }
+// The special-function unit's approximations (relative error about 2^-22).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ int float_bits(float x) { return __float_as_int(x); }
+__device__ __forceinline__ float bits_float(int x) { return __int_as_float(x); }
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
 // ---- host side ----

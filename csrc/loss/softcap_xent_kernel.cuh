@@ -1,17 +1,25 @@
 // The head's cross-entropy kernel and its host entry, written against a backend of a few primitives.
 //
 // softcap_xent_grad_host(logits, targets, vocab_size, softcap, scale) -> (losses, grad): see softcap_xent.cpp.
-// The backend, included first, defines in namespace tscale::xent: Vec8 (16 bytes, 8 bf16), load_streaming /
-// store_streaming (global memory, read or written once), unpack8 / pack8 (bf16 <-> float), fast_exp, fast_log,
-// warp_xor, TSCALE_XENT_DYNAMIC_SMEM, check_device, DeviceScope and launch_kernel. The CUDA build takes
-// softcap_xent_cuda_backend.cuh; tests/loss_emu runs this very source on a CPU emulator.
+// The backend, included first, defines in namespace tscale::xent: Vec8 (16 bytes, 8 bf16), load_cached (global
+// memory, read again soon), load_streaming / store_streaming (read or written for the last time), unpack8 / pack8
+// (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, float_bits / bits_float, warp_xor, TSCALE_XENT_DYNAMIC_SMEM,
+// check_device, DeviceScope and launch_kernel. The CUDA build takes softcap_xent_cuda_backend.cuh; tests/loss_emu
+// runs this very source on a CPU emulator.
 //
-// One block of 512 threads per row. Each thread loads its share of the row (up to 16 vectors of
-// 8 bf16, 16 bytes each) into registers once; pass 1 turns them into the row's running max and
-// sum of exponentials (online softmax, one rescale per vector), a block reduction gives the
-// logsumexp; pass 2 rebuilds each value from the registers and writes its gradient. DRAM sees one
-// read and one write of the row: a training step's 32,768 x 50,304 logits are 3.3 GB each way.
-// The soft-cap's tanh is written with one exponential: tanh(y) = 1 - 2 / (exp(2y) + 1).
+// One block of 512 threads per row, at least two blocks a multiprocessor (64 registers a thread at most). Pass 1
+// reads the row and sums exp(z - ref); a block reduction gives the logsumexp; pass 2 reads the row again and
+// writes its gradient. Two blocks a multiprocessor keep about 2 x 132 rows of 100 KB in flight on an H200 (3 x
+// 128 on a 4090), well inside L2, so pass 2's reads come from L2 and DRAM sees one read and one write of the
+// logits: a training step's 32,768 x 50,304 are 3.3 GB each way. One block overlaps its pass 1 with the other's
+// pass 2. (Holding the row in registers instead, 128 a thread, allowed one block a multiprocessor whose loads,
+// arithmetic and stores took turns.)
+//
+// The arithmetic is in base 2: zl = z log2(e). With the soft-cap c, |z| < c, so pass 1 sums 2^(zl - c log2 e)
+// without a running maximum (every term lies in (e^-2c, 1], normal floats while c <= kFixedRefMaxCap); tanh is
+// written with one exponential and one reciprocal: tanh(y) = 1 - 2 / (exp(2y) + 1). Each value costs four
+// special-function operations (two exponentials, two reciprocals) and one more exponential per pass; the policy
+// moves those last ones to a polynomial on the FMA pipe where that unit would otherwise bound the kernel.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,10 +33,53 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxVecs = 16;  // vectors of 8 per thread: rows up to 512 * 16 * 8 = 65,536 columns
+constexpr int kBatch = 4;                    // vectors of 8 a thread loads before using any of them
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kFixedRefMaxCap = 40.f;      // 2^(-2 c log2 e) stays a normal float up to c ~ 43
+
+// Where a kernel's exponentials go and how many blocks share a multiprocessor (tests and benchmarks time others).
+template <bool PolyPass1, bool PolyPass2, int MinBlocks>
+struct Policy {
+  static constexpr bool kPolyPass1 = PolyPass1, kPolyPass2 = PolyPass2;
+  static constexpr int kMinBlocks = MinBlocks;
+};
+using DefaultPolicy = Policy<true, false, 2>;
+
+// 2^y for y <= 0 on the FMA pipe: y = n + f with n an integer and |f| <= 1/2, 2^f by a degree-5 polynomial
+// (relative error 2.3e-7 in float), 2^n added to its exponent bits. Below 2^-125 the result is about 0.
+__device__ __forceinline__ float exp2_poly(float y) {
+  y = fmaxf(y, -125.f);
+  const float r = __fadd_rn(y, 12582912.f);  // 1.5 x 2^23: y rounded to an integer n, held in r's low bits
+  const float f = y - __fadd_rn(r, -12582912.f);
+  float p = 1.3276471737e-3f;
+  p = fmaf(p, f, 9.6755415401e-3f);
+  p = fmaf(p, f, 5.5507132761e-2f);
+  p = fmaf(p, f, 2.4022119720e-1f);
+  p = fmaf(p, f, 6.9314696706e-1f);
+  p = fmaf(p, f, 1.0000000717f);
+  return bits_float(float_bits(p) + static_cast<int>(static_cast<unsigned>(float_bits(r)) << 23));
+}
+
+template <bool kPoly>
+__device__ __forceinline__ float exp2_of(float y) {
+  if constexpr (kPoly) return exp2_poly(y);
+  else return fast_exp2(y);
+}
+
+// One logit x in base 2: zl = z log2(e), and t = tanh(x / c) for the cap's derivative (kCap only).
+template <bool kCap>
+struct Capper {
+  float a, cl;  // 2 log2(e) / c, c log2(e)
+  __device__ __forceinline__ float operator()(float x, float& t) const {
+    if constexpr (!kCap) return x * kLog2e;
+    t = fmaf(-2.f, fast_rcp(fast_exp2(x * a) + 1.f), 1.f);
+    return t * cl;
+  }
+};
 
 struct SoftmaxState {
-  float m, s;  // running max and sum of exp(z - m); (-inf, 0) before any value
+  float m, s;  // base-2 reference and sum of 2^(zl - m); (-inf, 0) before any value
 };
 
 constexpr size_t kSharedBytes = kWarps * sizeof(SoftmaxState);
@@ -36,16 +87,7 @@ constexpr size_t kSharedBytes = kWarps * sizeof(SoftmaxState);
 __device__ __forceinline__ SoftmaxState merge(SoftmaxState a, SoftmaxState b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, 0.f};
-  return {m, a.s * fast_exp(a.m - m) + b.s * fast_exp(b.m - m)};
-}
-
-__device__ __forceinline__ float tanh_exp(float y) { return 1.f - 2.f / (fast_exp(2.f * y) + 1.f); }
-
-// z of one logit and, through t, what its derivative needs (t = tanh(x / softcap); unused without the cap).
-__device__ __forceinline__ float capped(float x, float softcap, float inv_cap, float& t) {
-  if (softcap == 0.f) return x;
-  t = tanh_exp(x * inv_cap);
-  return softcap * t;
+  return {m, a.s * fast_exp2(a.m - m) + b.s * fast_exp2(b.m - m)};
 }
 
 __device__ __forceinline__ SoftmaxState warp_merge(SoftmaxState st) {
@@ -63,83 +105,109 @@ __device__ SoftmaxState block_merge(SoftmaxState st, SoftmaxState* part) {
   return warp_merge(lane < kWarps ? part[lane] : SoftmaxState{-INFINITY, 0.f});
 }
 
-template <int kVecs>
-__global__ void __launch_bounds__(kThreads) softcap_xent_kernel(const Vec8* __restrict__ logits,
-                                                                const int64_t* __restrict__ targets,
-                                                                float* __restrict__ losses, Vec8* __restrict__ grad,
-                                                                int row_vecs, int vocab, float softcap, float scale) {
+// Pass 1 over one vector: with a fixed reference add 2^(zl - m) to s; without one keep (m, s) a running pair.
+template <bool kFixedRef, bool kPoly, bool kCap>
+__device__ __forceinline__ void accumulate(const Vec8& v, int first_col, int vocab, const Capper<kCap>& cap,
+                                           SoftmaxState& st) {
+  float x[8], t;
+  unpack8(v, x);
+  const bool full = first_col + 8 <= vocab;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = full || first_col + i < vocab ? cap(x[i], t) : -INFINITY;
+  if constexpr (!kFixedRef) {
+    float mv = x[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) mv = fmaxf(mv, x[i]);
+    if (mv == -INFINITY) return;  // padding only
+    if (mv > st.m) {
+      st.s *= fast_exp2(st.m - mv);
+      st.m = mv;
+    }
+  }
+  float e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = exp2_of<kPoly>(x[i] - st.m);
+  st.s += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}
+
+template <class P, bool kCap, bool kFixedRef>
+__global__ void __launch_bounds__(kThreads, P::kMinBlocks)
+    softcap_xent_kernel(const Vec8* __restrict__ logits, const int64_t* __restrict__ targets,
+                        float* __restrict__ losses, Vec8* __restrict__ grad, int row_vecs, int vocab, float softcap,
+                        float scale) {
   TSCALE_XENT_DYNAMIC_SMEM(smem);
   const int64_t row = blockIdx.x;
   const Vec8* in = logits + row * row_vecs;
   Vec8* out = grad + row * row_vecs;
-  const float inv_cap = softcap == 0.f ? 0.f : 1.f / softcap;
+  const Capper<kCap> cap{kCap ? 2.f * kLog2e / softcap : 0.f, softcap * kLog2e};
 
-  Vec8 cache[kVecs];
+  SoftmaxState st{kFixedRef ? cap.cl : -INFINITY, 0.f};
+  for (int base = threadIdx.x; base < row_vecs; base += kBatch * kThreads) {
+    Vec8 vecs[kBatch];
 #pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int v = threadIdx.x + k * kThreads;
-    if (v < row_vecs) cache[k] = load_streaming(in + v);
-  }
-  SoftmaxState st{-INFINITY, 0.f};
-#pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int v = threadIdx.x + k * kThreads;
-    if (v >= row_vecs) break;
-    float x[8], t;
-    unpack8(cache[k], x);
-    float mv = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[i] = v * 8 + i < vocab ? capped(x[i], softcap, inv_cap, t) : -INFINITY;
-      mv = fmaxf(mv, x[i]);
-    }
-    if (mv == -INFINITY) continue;  // padding only
-    if (mv > st.m) {
-      st.s *= fast_exp(st.m - mv);
-      st.m = mv;
+    for (int k = 0; k < kBatch; ++k) {
+      const int v = base + k * kThreads;
+      if (v < row_vecs) vecs[k] = load_cached(in + v);
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) st.s += fast_exp(x[i] - st.m);
+    for (int k = 0; k < kBatch; ++k) {
+      const int v = base + k * kThreads;
+      if (v < row_vecs) accumulate<kFixedRef, P::kPolyPass1, kCap>(vecs[k], v * 8, vocab, cap, st);
+    }
   }
   st = block_merge(st, reinterpret_cast<SoftmaxState*>(smem));
-  const float lse = st.m + fast_log(st.s);
+  const float lse2 = st.m + fast_log2(st.s);  // base 2
 
   const int64_t y = targets[row];
   const bool valid = y >= 0 && y < vocab;
   if (threadIdx.x == 0) {
     float t, x[8];
     if (valid) unpack8(in[y / 8], x);
-    losses[row] = valid ? lse - capped(x[y % 8], softcap, inv_cap, t) : NAN;
+    losses[row] = valid ? (lse2 - cap(x[y % 8], t)) * kLn2 : NAN;
   }
+  const int y_vec = valid ? static_cast<int>(y / 8) : -1, y_lane = static_cast<int>(y & 7);
+  for (int base = threadIdx.x; base < row_vecs; base += kBatch * kThreads) {
+    Vec8 vecs[kBatch];
 #pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int v = threadIdx.x + k * kThreads;
-    if (v >= row_vecs) break;
-    float x[8];
-    unpack8(cache[k], x);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int j = v * 8 + i;
-      float t = 0.f;
-      const float z = capped(x[i], softcap, inv_cap, t);
-      float g = fast_exp(z - lse) - (j == y ? 1.f : 0.f);
-      if (softcap != 0.f) g *= 1.f - t * t;
-      x[i] = j < vocab ? g * scale : 0.f;
+    for (int k = 0; k < kBatch; ++k) {
+      const int v = base + k * kThreads;
+      if (v < row_vecs) vecs[k] = load_streaming(in + v);
     }
-    store_streaming(out + v, pack8(x));
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int v = base + k * kThreads;
+      if (v >= row_vecs) break;
+      float x[8];
+      unpack8(vecs[k], x);
+      const bool full = v * 8 + 8 <= vocab, has_y = v == y_vec;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float t = 0.f;
+        float g = exp2_of<P::kPolyPass2>(cap(x[i], t) - lse2);
+        if (has_y && i == y_lane) g -= 1.f;
+        if constexpr (kCap) g *= fmaf(-t, t, 1.f);
+        x[i] = full || v * 8 + i < vocab ? g * scale : 0.f;
+      }
+      store_streaming(out + v, pack8(x));
+    }
   }
 }
 
-template <int kVecs>
+template <class P>
 void launch_rows(const at::Tensor& logits, const at::Tensor& targets, at::Tensor& losses, at::Tensor& grad, int vocab,
                  float softcap, float scale) {
   const int row_vecs = static_cast<int>(logits.size(1) / 8);
-  launch_kernel(softcap_xent_kernel<kVecs>, dim3(static_cast<unsigned>(logits.size(0))), dim3(kThreads), kSharedBytes,
+  auto* kernel = softcap == 0.f                ? softcap_xent_kernel<P, false, false>
+                 : softcap <= kFixedRefMaxCap ? softcap_xent_kernel<P, true, true>
+                                              : softcap_xent_kernel<P, true, false>;
+  launch_kernel(kernel, dim3(static_cast<unsigned>(logits.size(0))), dim3(kThreads), kSharedBytes,
                 reinterpret_cast<const Vec8*>(logits.data_ptr()), targets.data_ptr<int64_t>(),
                 losses.data_ptr<float>(), reinterpret_cast<Vec8*>(grad.data_ptr()), row_vecs, vocab, softcap, scale);
 }
 
-std::tuple<at::Tensor, at::Tensor> softcap_xent_grad_host(const at::Tensor& logits, const at::Tensor& targets,
+// The op under any policy (benchmarks instantiate others; the op registers DefaultPolicy's).
+template <class P>
+std::tuple<at::Tensor, at::Tensor> softcap_xent_grad_with(const at::Tensor& logits, const at::Tensor& targets,
                                                           int64_t vocab_size, double softcap, double scale) {
   check_device(logits, "logits");
   check_device(targets, "targets");
@@ -148,9 +216,8 @@ std::tuple<at::Tensor, at::Tensor> softcap_xent_grad_host(const at::Tensor& logi
               logits.sizes());
   TORCH_CHECK(logits.is_contiguous(), "softcap_xent_grad: logits must be contiguous");
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  TORCH_CHECK(cols % 8 == 0 && cols <= int64_t{kThreads} * kMaxVecs * 8,
-              "softcap_xent_grad: V_padded must be a multiple of 8 and at most ", kThreads * kMaxVecs * 8, ", got ",
-              cols);
+  TORCH_CHECK(cols % 8 == 0 && cols < (int64_t{1} << 31), "softcap_xent_grad: V_padded must be a multiple of 8 below ",
+              "2^31, got ", cols);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0,
               "softcap_xent_grad: logits must be 16-byte aligned");
   TORCH_CHECK(vocab_size >= 1 && vocab_size <= cols, "softcap_xent_grad: vocab_size ", vocab_size,
@@ -166,15 +233,14 @@ std::tuple<at::Tensor, at::Tensor> softcap_xent_grad_host(const at::Tensor& logi
   at::Tensor losses = at::empty({rows}, logits.options().dtype(at::kFloat));
   at::Tensor grad = at::empty_like(logits);
   if (rows == 0) return {losses, grad};
-  const int per_thread = static_cast<int>((cols / 8 + kThreads - 1) / kThreads);
-  const int v = static_cast<int>(vocab_size);
-  const float c = static_cast<float>(softcap), s = static_cast<float>(scale);
-  if (per_thread <= 1) launch_rows<1>(logits, y, losses, grad, v, c, s);
-  else if (per_thread <= 2) launch_rows<2>(logits, y, losses, grad, v, c, s);
-  else if (per_thread <= 4) launch_rows<4>(logits, y, losses, grad, v, c, s);
-  else if (per_thread <= 8) launch_rows<8>(logits, y, losses, grad, v, c, s);
-  else launch_rows<16>(logits, y, losses, grad, v, c, s);
+  launch_rows<P>(logits, y, losses, grad, static_cast<int>(vocab_size), static_cast<float>(softcap),
+                 static_cast<float>(scale));
   return {losses, grad};
+}
+
+std::tuple<at::Tensor, at::Tensor> softcap_xent_grad_host(const at::Tensor& logits, const at::Tensor& targets,
+                                                          int64_t vocab_size, double softcap, double scale) {
+  return softcap_xent_grad_with<DefaultPolicy>(logits, targets, vocab_size, softcap, scale);
 }
 
 }  // namespace

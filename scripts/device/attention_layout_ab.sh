@@ -15,24 +15,9 @@ source scripts/device/ab_builds.sh attention_layout_ab.sh "$@"
 [ "${SKIP_TESTS:-0}" = 1 ] || TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE tests/test_attention_kernel.py tests/test_tscale_arch.py \
   tests/test_train.py > "$OUT/logs/tests.log" 2>&1
 [ "${SKIP_TESTS:-0}" = 1 ] || { echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head; }
-TOKENS=/tmp/random-tokens
-python3 -c "
-import sys; sys.path.insert(0, 'scripts/bench')
-from pathlib import Path
-from train_throughput import random_token_folder
-random_token_folder(Path('$TOKENS'), 8_000_000)"
-REPO=$PWD
-rate() {  # NAME TREE: run from the tree's root, whose tscale/ a `python -c` imports before any other
-  (cd "$2" && PYTHONPATH="/tmp/site" timeout "$(left)" python3 -c "
-import sys; sys.path.insert(0, '$REPO/scripts/bench')
-from pathlib import Path
-import tscale
-from arch_speed import rate
-r, mem = rate('tscale', Path('$TOKENS'), 'default', 30, 10, 32, 1024)
-print('$1', tscale.__file__, round(r), 'tokens/s', round(mem, 2), 'GiB')" 2>"$OUT/logs/rate-$1.log" | tee -a "$OUT/rates.txt")
-}
+ab_tokens
 for round in $(seq "${ROUNDS:-2}"); do
-  rate "new-$round" "$PWD"
-  for dir in "${BASES[@]}"; do rate "$(basename "$dir")-$round" "$dir"; done
+  ab_rate "new-$round" "$PWD"
+  for dir in "${BASES[@]}"; do ab_rate "$(basename "$dir")-$round" "$dir"; done
 done
 true

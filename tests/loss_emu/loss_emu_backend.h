@@ -19,6 +19,11 @@ struct Vec8 {
   uint32_t w[4];  // 8 bf16, the lower address in the low half of w[0]
 };
 
+inline Vec8 load_cached(const Vec8* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_cached at an address that is not 16-byte aligned");
+  return *p;
+}
+
 inline Vec8 load_streaming(const Vec8* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_streaming at an address that is not 16-byte aligned");
   return *p;
@@ -42,8 +47,20 @@ inline Vec8 pack8(const float (&x)[8]) {
   return v;
 }
 
-inline float fast_exp(float x) { return std::exp(x); }
-inline float fast_log(float x) { return std::log(x); }
+inline float fast_exp2(float x) { return std::exp2(x); }
+inline float fast_log2(float x) { return std::log2(x); }
+inline float fast_rcp(float x) { return 1.f / x; }
+inline int float_bits(float x) {
+  int i;
+  std::memcpy(&i, &x, sizeof i);
+  return i;
+}
+inline float bits_float(int i) {
+  float x;
+  std::memcpy(&x, &i, sizeof x);
+  return x;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float warp_xor(float v, int mask) { return attn::warp_xor(v, mask); }
 
 // ---- host side ----
