@@ -63,8 +63,6 @@ __device__ __forceinline__ float fast_rcp(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ int float_bits(float x) { return __float_as_int(x); }
-__device__ __forceinline__ float bits_float(int x) { return __int_as_float(x); }
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
 // ---- host side ----

@@ -3,7 +3,7 @@
 // softcap_xent_grad_host(logits, targets, vocab_size, softcap, scale) -> (losses, grad): see softcap_xent.cpp.
 // The backend, included first, defines in namespace tscale::xent: Vec8 (16 bytes, 8 bf16), load_cached (global
 // memory, read again soon), load_streaming / store_streaming (read or written for the last time), unpack8 / pack8
-// (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, float_bits / bits_float, warp_xor, TSCALE_XENT_DYNAMIC_SMEM,
+// (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, warp_xor, TSCALE_XENT_DYNAMIC_SMEM,
 // check_device, DeviceScope and launch_kernel. The CUDA build takes softcap_xent_cuda_backend.cuh; tests/loss_emu
 // runs this very source on a CPU emulator.
 //
@@ -17,9 +17,9 @@
 //
 // The arithmetic is in base 2: zl = z log2(e). With the soft-cap c, |z| < c, so pass 1 sums 2^(zl - c log2 e)
 // without a running maximum (every term lies in (e^-2c, 1], normal floats while c <= kFixedRefMaxCap); tanh is
-// written with one exponential and one reciprocal: tanh(y) = 1 - 2 / (exp(2y) + 1). Each value costs four
-// special-function operations (two exponentials, two reciprocals) and one more exponential per pass; the policy
-// moves those last ones to a polynomial on the FMA pipe where that unit would otherwise bound the kernel.
+// written with one exponential and one reciprocal: tanh(y) = 1 - 2 / (exp(2y) + 1), so a capped value costs three
+// special-function operations a pass. (Moving the softmax's exponential to a polynomial on the FMA pipe made the
+// kernel slower, not faster: docs/BENCHMARKS.md.)
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,39 +33,17 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBatch = 4;                    // vectors of 8 a thread loads before using any of them
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kFixedRefMaxCap = 40.f;      // 2^(-2 c log2 e) stays a normal float up to c ~ 43
+constexpr float kFixedRefMaxCap = 40.f;  // 2^(-2 c log2 e) stays a normal float up to c ~ 43
 
-// Where a kernel's exponentials go and how many blocks share a multiprocessor (tests and benchmarks time others).
-template <bool PolyPass1, bool PolyPass2, int MinBlocks>
+// How many blocks share a multiprocessor and how many vectors of 8 a thread loads before using any of them
+// (benchmarks time others; the default was the fastest measured, scripts/bench/head_loss_kernel.py).
+template <int MinBlocks, int Batch>
 struct Policy {
-  static constexpr bool kPolyPass1 = PolyPass1, kPolyPass2 = PolyPass2;
-  static constexpr int kMinBlocks = MinBlocks;
+  static constexpr int kMinBlocks = MinBlocks, kBatch = Batch;
 };
-using DefaultPolicy = Policy<true, false, 2>;
-
-// 2^y for y <= 0 on the FMA pipe: y = n + f with n an integer and |f| <= 1/2, 2^f by a degree-5 polynomial
-// (relative error 2.3e-7 in float), 2^n added to its exponent bits. Below 2^-125 the result is about 0.
-__device__ __forceinline__ float exp2_poly(float y) {
-  y = fmaxf(y, -125.f);
-  const float r = __fadd_rn(y, 12582912.f);  // 1.5 x 2^23: y rounded to an integer n, held in r's low bits
-  const float f = y - __fadd_rn(r, -12582912.f);
-  float p = 1.3276471737e-3f;
-  p = fmaf(p, f, 9.6755415401e-3f);
-  p = fmaf(p, f, 5.5507132761e-2f);
-  p = fmaf(p, f, 2.4022119720e-1f);
-  p = fmaf(p, f, 6.9314696706e-1f);
-  p = fmaf(p, f, 1.0000000717f);
-  return bits_float(float_bits(p) + static_cast<int>(static_cast<unsigned>(float_bits(r)) << 23));
-}
-
-template <bool kPoly>
-__device__ __forceinline__ float exp2_of(float y) {
-  if constexpr (kPoly) return exp2_poly(y);
-  else return fast_exp2(y);
-}
+using DefaultPolicy = Policy<2, 4>;
 
 // One logit x in base 2: zl = z log2(e), and t = tanh(x / c) for the cap's derivative (kCap only).
 template <bool kCap>
@@ -106,7 +84,7 @@ __device__ SoftmaxState block_merge(SoftmaxState st, SoftmaxState* part) {
 }
 
 // Pass 1 over one vector: with a fixed reference add 2^(zl - m) to s; without one keep (m, s) a running pair.
-template <bool kFixedRef, bool kPoly, bool kCap>
+template <bool kFixedRef, bool kCap>
 __device__ __forceinline__ void accumulate(const Vec8& v, int first_col, int vocab, const Capper<kCap>& cap,
                                            SoftmaxState& st) {
   float x[8], t;
@@ -126,7 +104,7 @@ __device__ __forceinline__ void accumulate(const Vec8& v, int first_col, int voc
   }
   float e[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = exp2_of<kPoly>(x[i] - st.m);
+  for (int i = 0; i < 8; ++i) e[i] = fast_exp2(x[i] - st.m);
   st.s += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
 
@@ -142,17 +120,17 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
   const Capper<kCap> cap{kCap ? 2.f * kLog2e / softcap : 0.f, softcap * kLog2e};
 
   SoftmaxState st{kFixedRef ? cap.cl : -INFINITY, 0.f};
-  for (int base = threadIdx.x; base < row_vecs; base += kBatch * kThreads) {
-    Vec8 vecs[kBatch];
+  for (int base = threadIdx.x; base < row_vecs; base += P::kBatch * kThreads) {
+    Vec8 vecs[P::kBatch];
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
+    for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
       if (v < row_vecs) vecs[k] = load_cached(in + v);
     }
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
+    for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
-      if (v < row_vecs) accumulate<kFixedRef, P::kPolyPass1, kCap>(vecs[k], v * 8, vocab, cap, st);
+      if (v < row_vecs) accumulate<kFixedRef, kCap>(vecs[k], v * 8, vocab, cap, st);
     }
   }
   st = block_merge(st, reinterpret_cast<SoftmaxState*>(smem));
@@ -166,15 +144,15 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
     losses[row] = valid ? (lse2 - cap(x[y % 8], t)) * kLn2 : NAN;
   }
   const int y_vec = valid ? static_cast<int>(y / 8) : -1, y_lane = static_cast<int>(y & 7);
-  for (int base = threadIdx.x; base < row_vecs; base += kBatch * kThreads) {
-    Vec8 vecs[kBatch];
+  for (int base = threadIdx.x; base < row_vecs; base += P::kBatch * kThreads) {
+    Vec8 vecs[P::kBatch];
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
+    for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
       if (v < row_vecs) vecs[k] = load_streaming(in + v);
     }
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
+    for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
       if (v >= row_vecs) break;
       float x[8];
@@ -183,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         float t = 0.f;
-        float g = exp2_of<P::kPolyPass2>(cap(x[i], t) - lse2);
+        float g = fast_exp2(cap(x[i], t) - lse2);
         if (has_y && i == y_lane) g -= 1.f;
         if constexpr (kCap) g *= fmaf(-t, t, 1.f);
         x[i] = full || v * 8 + i < vocab ? g * scale : 0.f;

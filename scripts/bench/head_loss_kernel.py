@@ -4,8 +4,8 @@
                                              [--repeats 20] [--rounds 2] [--out-dir docs/bench]
 
 Builds scripts/bench/head_loss_kernel/ with torch.utils.cpp_extension: csrc/loss/softcap_xent_kernel.cuh
-instantiated under the policies of variants.cu (which exponentials run as a polynomial on the FMA pipe,
-how many blocks share a multiprocessor) and, with --base, the kernel and backend files found in DIR
+instantiated under the policies of variants.cu (how many blocks share a multiprocessor, how many vectors a
+thread loads at once) and, with --base, the kernel and backend files found in DIR
 (softcap_xent_kernel.cuh, softcap_xent_cuda_backend.cuh of an earlier commit). On one training step's
 logits (N tokens x the vocabulary padded to a multiple of 64, bf16, random with the spread of a trained
 head's), each is checked against the reference twin, then timed with CUDA events (REPEATS calls after 3),

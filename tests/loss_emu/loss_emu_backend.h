@@ -50,17 +50,6 @@ inline Vec8 pack8(const float (&x)[8]) {
 inline float fast_exp2(float x) { return std::exp2(x); }
 inline float fast_log2(float x) { return std::log2(x); }
 inline float fast_rcp(float x) { return 1.f / x; }
-inline int float_bits(float x) {
-  int i;
-  std::memcpy(&i, &x, sizeof i);
-  return i;
-}
-inline float bits_float(int i) {
-  float x;
-  std::memcpy(&x, &i, sizeof x);
-  return x;
-}
-inline float __fadd_rn(float a, float b) { return a + b; }
 inline float warp_xor(float v, int mask) { return attn::warp_xor(v, mask); }
 
 // ---- host side ----

@@ -13,14 +13,13 @@ using Fn = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::T
 using tscale::xent::Policy;
 using tscale::xent::softcap_xent_grad_with;
 
-// name -> policy: <polynomial exponential in pass 1, in pass 2, blocks a multiprocessor>
+// name -> policy: <blocks a multiprocessor, vectors of 8 a thread loads at once>
 const std::vector<std::pair<std::string, Fn>>& variants() {
   static const std::vector<std::pair<std::string, Fn>> v = {
-      {"poly1", &softcap_xent_grad_with<Policy<true, false, 2>>},
-      {"sfu", &softcap_xent_grad_with<Policy<false, false, 2>>},
-      {"poly2", &softcap_xent_grad_with<Policy<false, true, 2>>},
-      {"poly12", &softcap_xent_grad_with<Policy<true, true, 2>>},
-      {"poly1_3blocks", &softcap_xent_grad_with<Policy<true, false, 3>>},
+      {"2blocks", &softcap_xent_grad_with<Policy<2, 4>>},
+      {"3blocks", &softcap_xent_grad_with<Policy<3, 4>>},
+      {"3blocks_batch2", &softcap_xent_grad_with<Policy<3, 2>>},
+      {"2blocks_batch8", &softcap_xent_grad_with<Policy<2, 8>>},
   };
   return v;
 }
