@@ -85,6 +85,35 @@ def test_grouped_step_matches_the_per_parameter_definition(kind):
     assert not any(torch.equal(p, p0) for p, p0 in zip(mine, initial))  # every parameter moved
 
 
+def test_compiled_step_matches_the_definition_and_compiles_once():
+    """optim.compile_step: the Muon group's update under torch.compile, the rate changing every step (as a
+    schedule's does) without a new graph."""
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(48, 16), (16, 40), (48, 16), (24, 24)]
+    params = [torch.randn(*s, generator=gen) for s in shapes]
+    mine = [p.clone() for p in params]
+    wd = 0.1
+    torch._dynamo.reset()
+    counters.clear()
+    opt = Muon([{"params": mine, "kind": "muon", "lr_scale": 1.0, "weight_decay": wd}], lr=0.02, momentum=0.9,
+               ns_steps=5, compile_step=True)
+    state: dict = {}
+    graphs = []
+    for lr in (0.02, 0.015, 0.01, 0.005):
+        opt.param_groups[0]["lr"] = lr
+        grads = [torch.randn(*s, generator=gen) for s in shapes]
+        for p, g in zip(mine, grads):
+            p.grad = g.clone()
+        opt.step()
+        graphs.append(counters["stats"]["unique_graphs"])
+        _reference_step(params, grads, state, lr, 0.9, wd, 5, (0.9, 0.95), 1e-8, "muon")
+    for p, q in zip(mine, params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    assert graphs[0] >= 1 and graphs[-1] == graphs[0], f"graphs compiled after each step: {graphs}"
+
+
 @pytest.mark.parametrize("shape", [(48, 80), (3, 40, 24)])
 def test_orthogonalize_is_the_quintic_iteration(shape):
     """The fused products compute x <- a x + (b m + c m m) x, m = x x^T, on the short side, normalised first."""

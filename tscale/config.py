@@ -86,7 +86,9 @@ class OptimConfig(_Section):
     on the hidden matrices, AdamW on the embedding (`embed_lr`), the head (`head_lr`) and
     vectors such as norm gains (`scalar_lr`). Schedule: linear warmup, then cosine or linear
     decay to min_lr_ratio, or "trapezoid": constant, then linear decay over the last
-    `decay_frac` of the steps. It scales every rate alike.
+    `decay_frac` of the steps. It scales every rate alike. `compile_step` runs Muon's update
+    (momentum, Newton-Schulz, the parameter update) through torch.compile, its elementwise
+    passes fused; the same arithmetic up to rounding.
     """
 
     name: Literal["adamw", "muon"] = "adamw"
@@ -105,6 +107,7 @@ class OptimConfig(_Section):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, ge=0)
+    compile_step: bool = False
 
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that replay CUDA graphs

@@ -48,14 +48,49 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
     return (x.mT if tall else x).to(g.dtype)
 
 
+@torch.no_grad()
+def muon_update(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor],
+                lr: float | torch.Tensor, momentum: float, weight_decay: float, ns_steps: int,
+                shapes: tuple[tuple[tuple[int, ...], tuple[int, int]], ...]) -> None:
+    """One Muon step of `params` in place: Nesterov momentum into `bufs`, decoupled decay, and each shape's batch
+    of updates orthogonalised together (shapes: (indices into params, (rows, cols)) per shape).
+
+    lr is a float when called eagerly, a 0-dim tensor on the params' device under torch.compile (one graph for
+    every rate); there the stack, its cast and the update's scaling are written as plain ops for Inductor to fuse.
+    """
+    compiled = torch.compiler.is_compiling()
+    torch._foreach_mul_(bufs, momentum)
+    torch._foreach_add_(bufs, grads)
+    updates = torch._foreach_add(grads, bufs, alpha=momentum)  # Nesterov
+    if weight_decay:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    ns_dtype = ns_dtype_for(params[0])
+    for members, (rows, cols) in shapes:
+        if compiled:
+            batch = torch.stack([updates[i] for i in members]).to(ns_dtype)  # (n, R, C)
+        else:
+            batch = params[0].new_empty((len(members), rows, cols), dtype=ns_dtype)
+            torch.stack([updates[i] for i in members], out=batch)  # (n, R, C), cast as it is stacked: one pass
+        orth = list(orthogonalize(batch, ns_steps).to(params[0].dtype).unbind(0))
+        scale = -max(1.0, rows / cols) ** 0.5
+        targets = [params[i] for i in members]
+        if compiled:
+            torch._foreach_add_(targets, torch._foreach_mul(orth, lr * scale))
+        else:
+            torch._foreach_add_(targets, orth, alpha=lr * scale)
+
+
 class Muon(torch.optim.Optimizer):
     """Groups of kind "muon" (2-D params only) and kind "adam"; see the module docstring for lr_scale."""
 
     def __init__(self, groups: list[dict], lr: float, momentum: float = 0.95, betas=(0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0, ns_steps: int = 5):
+                 eps: float = 1e-8, weight_decay: float = 0.0, ns_steps: int = 5, compile_step: bool = False):
         defaults = dict(lr=lr, lr_scale=1.0, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay,
                         ns_steps=ns_steps, kind="adam")
         super().__init__(groups, defaults)
+        # compile_step: the Muon groups' update through torch.compile, its passes fused (optim.compile_step)
+        self._compiled_update = torch.compile(muon_update, dynamic=False) if compile_step else None
+        self._lr_tensors: dict[torch.device, torch.Tensor] = {}
         for group in self.param_groups:
             if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("Muon groups take 2-D matrices only")
@@ -75,30 +110,26 @@ class Muon(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         lr = group["lr"] * group["lr_scale"]
-        mu = group["momentum"]
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
-        grads = [p.grad for p in params]
         bufs = []
         for p in params:
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             bufs.append(state["momentum_buffer"])
-        torch._foreach_mul_(bufs, mu)
-        torch._foreach_add_(bufs, grads)
-        updates = torch._foreach_add(grads, bufs, alpha=mu)  # Nesterov
-        if group["weight_decay"]:
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        ns_dtype = ns_dtype_for(params[0])
-        for shape, members in _by_shape(params).items():
-            rows, cols = shape
-            batch = params[0].new_empty((len(members), rows, cols), dtype=ns_dtype)
-            torch.stack([updates[i] for i in members], out=batch)  # (n, R, C), cast as it is stacked: one pass
-            orth = orthogonalize(batch, group["ns_steps"]).to(params[0].dtype)
-            torch._foreach_add_([params[i] for i in members], list(orth.unbind(0)),
-                                alpha=-lr * max(1.0, rows / cols) ** 0.5)
+        shapes = tuple((tuple(members), shape) for shape, members in _by_shape(params).items())
+        if self._compiled_update is None:
+            muon_update(params, [p.grad for p in params], bufs, lr, group["momentum"], group["weight_decay"],
+                        group["ns_steps"], shapes)
+            return
+        lr_t = self._lr_tensors.get(params[0].device)
+        if lr_t is None:
+            lr_t = self._lr_tensors[params[0].device] = torch.zeros((), device=params[0].device)
+        lr_t.fill_(lr)  # one graph for every rate the schedule gives: the rate is data, not a constant
+        self._compiled_update(params, [p.grad for p in params], bufs, lr_t, group["momentum"], group["weight_decay"],
+                              group["ns_steps"], shapes)
 
     def _adam_step(self, group: dict) -> None:
         """torch's fused AdamW kernel, one call per device and dtype: both moments, the bias corrections, the decay
@@ -160,4 +191,4 @@ def muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
 
 def build_muon(model: nn.Module, cfg: OptimConfig) -> Muon:
     return Muon(muon_groups(model, cfg), lr=cfg.lr, momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
-                eps=cfg.eps)
+                eps=cfg.eps, compile_step=cfg.compile_step)
