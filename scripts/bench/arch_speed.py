@@ -2,7 +2,7 @@
 
     python scripts/bench/arch_speed.py TOKENS [--modes default reduce-overhead] [--steps 30] [--warmup 10]
                                        [--attention fa2 fa2_global cudnn cudnn_global] [--fused-loss]
-                                       [--logits-loss] [--sdpa-baseline] [--also tscale_cudnn_bucket64]
+                                       [--logits-loss] [--sdpa-baseline] [--also PRESET ...]
                                        [--rounds 1] [--seq-len 1024] [--out-dir docs/bench]
 
 Both presets (configs/gpt2-124m.toml: AdamW, SDPA; configs/tscale-124m.toml: Muon + AdamW,
@@ -24,7 +24,9 @@ pass (tscale/ops/head_loss.py); --logits-loss adds both with `train.loss_kernel 
 "tscale_sdpa", the baseline of the attention-cost target: the tscale model with every layer global,
 no document mask and no sink, its attention torch's causal SDPA (TSCALE_ATTENTION=sdpa). --also
 tscale_cudnn_bucket64 adds cuDNN with the batch's run count padded to a multiple of 64
-(TSCALE_RUN_BUCKET=64), tscale.ops.doc_runs' earlier bucket, against the default of 8. --seq-len T
+(TSCALE_RUN_BUCKET=64), tscale.ops.doc_runs' earlier bucket, against the default of 8; --also
+tscale_compile_step / tscale_cudnn_compile_step add tscale (with cuDNN) with `optim.compile_step = true`
+(Muon's update through torch.compile). --seq-len T
 trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 --rounds N runs every preset N times, the order reversed every other round (the GPU's clock drifts over
@@ -60,16 +62,20 @@ ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
          **{f"tscale_{alt}": "configs/tscale-124m.toml" for alt in ALTERNATIVES},
          "tscale_fused_loss": "configs/tscale-124m.toml", "gpt2_logits_loss": "configs/gpt2-124m.toml",
          "tscale_logits_loss": "configs/tscale-124m.toml", "tscale_sdpa": "configs/tscale-124m.toml",
-         "tscale_cudnn_bucket64": "configs/tscale-124m.toml"}
+         "tscale_cudnn_bucket64": "configs/tscale-124m.toml", "tscale_compile_step": "configs/tscale-124m.toml",
+         "tscale_cudnn_compile_step": "configs/tscale-124m.toml"}
 EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
          "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_logits_loss": ["train.loss_kernel=false"],
          "tscale_logits_loss": ["train.loss_kernel=false"],
          "tscale_sdpa": ["model.window=0", "model.doc_mask=false", "model.sink=false"],
-         "tscale_cudnn_bucket64": ['train.attention="cudnn"']}
+         "tscale_cudnn_bucket64": ['train.attention="cudnn"'], "tscale_compile_step": ["optim.compile_step=true"],
+         "tscale_cudnn_compile_step": ['train.attention="cudnn"', "optim.compile_step=true"]}
 # environment a preset runs in; tscale_cudnn_bucket64: run counts padded to 64, tscale.ops.doc_runs' earlier bucket
 ENV = {"tscale_sdpa": {"TSCALE_ATTENTION": "sdpa"}, "tscale_cudnn_bucket64": {"TSCALE_RUN_BUCKET": "64"}}
 ORDER = ("gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale", *(f"tscale_{alt}" for alt in ALTERNATIVES),
-         "tscale_fused_loss", "tscale_sdpa", "tscale_cudnn_bucket64")
+         "tscale_fused_loss", "tscale_sdpa", "tscale_cudnn_bucket64", "tscale_compile_step",
+         "tscale_cudnn_compile_step")
+ALSO = ("tscale_cudnn_bucket64", "tscale_compile_step", "tscale_cudnn_compile_step")  # presets --also adds
 
 
 @contextlib.contextmanager
@@ -133,8 +139,9 @@ def main() -> None:
     ap.add_argument("--logits-loss", action="store_true", help="also both presets with train.loss_kernel = false")
     ap.add_argument("--sdpa-baseline", action="store_true",
                     help="also tscale_sdpa: every layer global, no document mask or sink, causal SDPA")
-    ap.add_argument("--also", nargs="+", default=[], choices=["tscale_cudnn_bucket64"],
-                    help="also these presets (tscale_cudnn_bucket64: cuDNN with run counts padded to 64)")
+    ap.add_argument("--also", nargs="+", default=[], choices=ALSO,
+                    help="also these presets (tscale_cudnn_bucket64: cuDNN with run counts padded to 64; "
+                         "*compile_step: with optim.compile_step = true)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every preset this many times, the order reversed every other round; record the mean")
     ap.add_argument("--seq-len", type=int, default=1024,
@@ -156,7 +163,7 @@ def main() -> None:
     alternatives = {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
     chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss,
               "gpt2_logits_loss": args.logits_loss, "tscale_logits_loss": args.logits_loss,
-              "tscale_sdpa": args.sdpa_baseline, "tscale_cudnn_bucket64": "tscale_cudnn_bucket64" in args.also}
+              "tscale_sdpa": args.sdpa_baseline, **{preset: preset in args.also for preset in ALSO}}
     archs = [a for a in ORDER if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
