@@ -109,6 +109,17 @@ __device__ __forceinline__ void accumulate(const Vec8& v, int first_col, int voc
   st.s += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
 
+// A thread's next kBatch vectors of the row, kThreads apart from base on (those past the row are left unset):
+// kept in L2 for pass 2 on the first read, streamed on the last.
+template <bool kLastRead, int kBatch>
+__device__ __forceinline__ void load_batch(Vec8 (&vecs)[kBatch], const Vec8* in, int base, int row_vecs) {
+#pragma unroll
+  for (int k = 0; k < kBatch; ++k) {
+    const int v = base + k * kThreads;
+    if (v < row_vecs) vecs[k] = kLastRead ? load_streaming(in + v) : load_cached(in + v);
+  }
+}
+
 template <class P, bool kCap, bool kFixedRef>
 __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
     softcap_xent_kernel(const Vec8* __restrict__ logits, const int64_t* __restrict__ targets,
@@ -123,11 +134,7 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
   SoftmaxState st{kFixedRef ? cap.cl : -INFINITY, 0.f};
   for (int base = threadIdx.x; base < row_vecs; base += P::kBatch * kThreads) {
     Vec8 vecs[P::kBatch];
-#pragma unroll
-    for (int k = 0; k < P::kBatch; ++k) {
-      const int v = base + k * kThreads;
-      if (v < row_vecs) vecs[k] = load_cached(in + v);
-    }
+    load_batch</*kLastRead=*/false>(vecs, in, base, row_vecs);
 #pragma unroll
     for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
@@ -147,11 +154,7 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
   const int y_vec = valid ? static_cast<int>(y / 8) : -1, y_lane = static_cast<int>(y & 7);
   for (int base = threadIdx.x; base < row_vecs; base += P::kBatch * kThreads) {
     Vec8 vecs[P::kBatch];
-#pragma unroll
-    for (int k = 0; k < P::kBatch; ++k) {
-      const int v = base + k * kThreads;
-      if (v < row_vecs) vecs[k] = load_streaming(in + v);
-    }
+    load_batch</*kLastRead=*/true>(vecs, in, base, row_vecs);
 #pragma unroll
     for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
