@@ -21,6 +21,8 @@ from tscale.optim.schedule import lr_at
 from tscale.train.checkpoint import load_train_state, open_checkpoint
 from tscale.train.loop import train_run
 
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
 TINY = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=32", "train.batch_size=4",
         "train.eval_every=0", "train.log_every=1", "optim.warmup_steps=5", 'optim.name="muon"',
         'optim.decay="trapezoid"', "model.window=8", "model.global_every=2", "model.dropout=0.1"]
@@ -85,14 +87,17 @@ def test_grouped_step_matches_the_per_parameter_definition(kind):
     assert not any(torch.equal(p, p0) for p, p0 in zip(mine, initial))  # every parameter moved
 
 
-def test_compiled_step_matches_the_definition_and_compiles_once():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])])
+def test_compiled_step_matches_the_definition_and_compiles_once(device):
     """optim.compile_step: the Muon group's update under torch.compile, the rate changing every step (as a
-    schedule's does) without a new graph."""
+    schedule's does) without a new graph. On CUDA the Newton-Schulz products run in bf16, where Inductor rounds
+    fewer intermediates than eager code does."""
     from torch._dynamo.utils import counters
 
     gen = torch.Generator().manual_seed(5)
     shapes = [(48, 16), (16, 40), (48, 16), (24, 24)]
-    params = [torch.randn(*s, generator=gen) for s in shapes]
+    params = [torch.randn(*s, generator=gen).to(device) for s in shapes]
+    initial = [p.clone() for p in params]
     mine = [p.clone() for p in params]
     wd = 0.1
     torch._dynamo.reset()
@@ -103,14 +108,15 @@ def test_compiled_step_matches_the_definition_and_compiles_once():
     graphs = []
     for lr in (0.02, 0.015, 0.01, 0.005):
         opt.param_groups[0]["lr"] = lr
-        grads = [torch.randn(*s, generator=gen) for s in shapes]
+        grads = [torch.randn(*s, generator=gen).to(device) for s in shapes]
         for p, g in zip(mine, grads):
             p.grad = g.clone()
         opt.step()
         graphs.append(counters["stats"]["unique_graphs"])
         _reference_step(params, grads, state, lr, 0.9, wd, 5, (0.9, 0.95), 1e-8, "muon")
-    for p, q in zip(mine, params):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    tol = 1e-5 if device == "cpu" else 2e-2
+    for p, q, p0 in zip(mine, params, initial):  # the parameters' movement, as the definition moves them
+        assert float((p - q).norm()) <= tol * float((q - p0).norm())
     assert graphs[0] >= 1 and graphs[-1] == graphs[0], f"graphs compiled after each step: {graphs}"
 
 
