@@ -7,8 +7,9 @@ Builds scripts/bench/head_loss_kernel/ with torch.utils.cpp_extension: csrc/loss
 instantiated under the policies of variants.cu (how many blocks share a multiprocessor, how many vectors a
 thread loads at once) and, with --base, the kernel and backend files found in DIR
 (softcap_xent_kernel.cuh, softcap_xent_cuda_backend.cuh of an earlier commit). On one training step's
-logits (N tokens x the vocabulary padded to a multiple of 64, bf16 drawn from N(0, 16)), each is checked against the reference twin, then timed with CUDA events (REPEATS calls after 3),
-the variants interleaved for ROUNDS rounds; GB/s counts one read and one write of the logits. The
+logits (N tokens x the vocabulary padded to a multiple of 64, bf16 drawn from N(0, 16)), each is checked
+against the reference twin, then timed with CUDA events (REPEATS calls after 3), the variants interleaved
+for ROUNDS rounds; GB/s counts one read and one write of the logits. The
 installed op (torch.ops.tscale.softcap_xent_grad) is timed beside them. Record: head_loss_kernel.json.
 """
 
