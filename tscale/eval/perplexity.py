@@ -144,12 +144,9 @@ def evaluate(model: nn.Module, folder: TokenFolder, device: torch.device | str =
         w = torch.from_numpy(np.stack(rows)).to(device)  # (B, L+1)
         x, y = w[:, :-1], w[:, 1:].contiguous()  # (B, L) each
         feats = features.gather([(k, s) for k, s, _ in items], x.shape[1]) if features is not None else None
-        with autocast():
-            if feed:
-                fed = IndexFeatures.empty(*x.shape, features.topk) if hide_lookups else feats
-                nats = model(x, index=fed.to(device), targets=y)  # (B, L)
-            else:
-                nats = model(x, targets=y)  # (B, L); on a CPU the logits are made a chunk of tokens at a time
+        fed = (IndexFeatures.empty(*x.shape, features.topk) if hide_lookups else feats).to(device) if feed else None
+        with autocast():  # on a CPU the logits are made a chunk of tokens at a time
+            nats = model(x, index=fed, targets=y)  # (B, L)
         nats = nats.double().cpu().numpy()
         lens = feats.match_len.numpy() if feats is not None else [None] * len(rows)  # (B, L)
         for (k, s, e), row, row_nats, row_lens in zip(items, rows, nats, lens):

@@ -120,16 +120,15 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)
             bufs.append(state["momentum_buffer"])
         shapes = tuple((tuple(members), shape) for shape, members in _by_shape(params).items())
-        if self._compiled_update is None:
-            muon_update(params, [p.grad for p in params], bufs, lr, group["momentum"], group["weight_decay"],
-                        group["ns_steps"], shapes)
-            return
-        lr_t = self._lr_tensors.get(params[0].device)
-        if lr_t is None:
-            lr_t = self._lr_tensors[params[0].device] = torch.zeros((), device=params[0].device)
-        lr_t.fill_(lr)  # one graph for every rate the schedule gives: the rate is data, not a constant
-        self._compiled_update(params, [p.grad for p in params], bufs, lr_t, group["momentum"], group["weight_decay"],
-                              group["ns_steps"], shapes)
+        update, rate = muon_update, lr
+        if self._compiled_update is not None:
+            rate = self._lr_tensors.get(params[0].device)
+            if rate is None:
+                rate = self._lr_tensors[params[0].device] = torch.zeros((), device=params[0].device)
+            rate.fill_(lr)  # one graph for every rate the schedule gives: the rate is data, not a constant
+            update = self._compiled_update
+        update(params, [p.grad for p in params], bufs, rate, group["momentum"], group["weight_decay"],
+               group["ns_steps"], shapes)
 
     def _adam_step(self, group: dict) -> None:
         """torch's fused AdamW kernel, one call per device and dtype: both moments, the bias corrections, the decay

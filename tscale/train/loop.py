@@ -117,11 +117,9 @@ def evaluate(model, folder: TokenFolder, cfg: RunConfig, device, autocast, featu
     total, count = 0.0, 0
     for batch in val_batches(folder, cfg.model.seq_len, cfg.train.batch_size, cfg.train.eval_batches, features):
         x, y = batch[0].to(device), batch[1].to(device)
-        with autocast():
-            if features is None:
-                loss = model(x, targets=y).mean()  # per-token losses: on a CPU made a chunk of logits at a time
-            else:
-                loss = model(x, index=batch[2].to(device), targets=y).mean()
+        index = batch[2].to(device) if features is not None else None
+        with autocast():  # per-token losses: on a CPU made a chunk of logits at a time
+            loss = model(x, index=index, targets=y).mean()
         total += loss.item() * y.numel()
         count += y.numel()
     model.train()
