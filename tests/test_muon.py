@@ -164,6 +164,16 @@ def test_groups_and_rates():
         build_optimizer(model, cfg, torch.device("cpu"), freeze_variance_at=10)
 
 
+@pytest.mark.parametrize("setting,device,compiled", [("auto", "cpu", False), ("auto", "cuda", True),
+                                                    (False, "cuda", False), (True, "cpu", True)])
+def test_compile_step_auto_compiles_on_a_gpu_only(setting, device, compiled):
+    """optim.compile_step = "auto" (the default) compiles Muon's update for a CUDA device, not for the CPU."""
+    cfg = OptimConfig(name="muon", compile_step=setting)
+    opt = build_optimizer(_model(), cfg, torch.device(device))
+    assert (opt._compiled_update is not None) == compiled
+    assert OptimConfig().compile_step == "auto"
+
+
 def _steps(model, opt, batches):
     losses = []
     for x in batches:

@@ -88,7 +88,9 @@ class OptimConfig(_Section):
     decay to min_lr_ratio, or "trapezoid": constant, then linear decay over the last
     `decay_frac` of the steps. It scales every rate alike. `compile_step` runs Muon's update
     (momentum, Newton-Schulz, the parameter update) through torch.compile, its elementwise
-    passes fused; the same arithmetic up to rounding.
+    passes fused; the same arithmetic up to rounding. "auto" does so on a GPU (124M on an
+    H200: Muon's step 6.46 -> 4.98 ms, training +1.8-2.0% tokens/s) and not on a CPU, where
+    compiling costs more than it saves in short runs.
     """
 
     name: Literal["adamw", "muon"] = "adamw"
@@ -107,7 +109,7 @@ class OptimConfig(_Section):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, ge=0)
-    compile_step: bool = False
+    compile_step: Literal["auto"] | bool = "auto"
 
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that replay CUDA graphs

@@ -18,7 +18,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
     if freeze_variance_at is not None:
         raise UserError('dist.onebit_what = "momentum" (1-bit Adam) needs optim.name = "adamw"; '
                         'with Muon use dist.onebit_what = "gradient" or dist.compression = "none"')
-    return build_muon(model, cfg)
+    return build_muon(model, cfg, device)
 
 
 __all__ = ["build_optimizer"]

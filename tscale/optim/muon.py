@@ -188,6 +188,7 @@ def muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def build_muon(model: nn.Module, cfg: OptimConfig) -> Muon:
+def build_muon(model: nn.Module, cfg: OptimConfig, device: torch.device) -> Muon:
+    compile_step = device.type == "cuda" if cfg.compile_step == "auto" else cfg.compile_step
     return Muon(muon_groups(model, cfg), lr=cfg.lr, momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
-                eps=cfg.eps, compile_step=cfg.compile_step)
+                eps=cfg.eps, compile_step=compile_step)
