@@ -60,6 +60,19 @@ def test_kernel_matches_its_reference_on_random_logits(N, V, V_pad, softcap):
 
 @pytest.mark.cuda
 @cuda
+@pytest.mark.parametrize("softcap", [15.0, 30.0])
+def test_kernel_is_exact_where_the_stash_would_not_be(softcap):
+    N, V, V_pad = 64, 50257, 50304
+    logits, targets = _confident_rows(N, V, V_pad, softcap, device="cuda")
+    losses, grad = torch.ops.tscale.softcap_xent_grad(logits, targets, V, softcap, 1.0 / N)
+    want_losses, want_grad = softcap_xent_grad_reference(logits, targets, V, softcap, 1.0 / N)
+    torch.testing.assert_close(losses, want_losses, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad.float(), want_grad.float(), rtol=2e-2, atol=1e-6 / N)
+    assert torch.all(grad[:, V:] == 0)
+
+
+@pytest.mark.cuda
+@cuda
 def test_kernel_marks_a_target_outside_the_vocabulary():
     logits = _logits(4, 64, dtype=torch.bfloat16, device="cuda")
     losses, _ = softcap_xent_grad(logits, torch.tensor([0, 49, 50, -1], device="cuda"), 50, 0.0, 1.0)
@@ -88,6 +101,33 @@ def test_emulated_kernel_matches_its_reference(emu, case, seed):
     torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad.float(), want_grad.float(), rtol=1e-2, atol=1e-6 / N)  # one bf16 rounding apart
     assert torch.all(grad[:, V:] == 0) and grad[:, :V].abs().sum() > 0
+
+
+def _confident_rows(N, V, V_pad, softcap, seed=0, dtype=torch.bfloat16, device="cpu"):
+    """Logits of the terms that the kernel computes from the logits rather than from pass 1's stash: in even rows
+    the target takes most of the softmax (its gradient, softmax - 1, cancels), odd rows have values past the
+    soft-cap's knee (tanh > 0.95, where 1 - tanh^2 is small)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(N, V_pad, generator=g)  # (N, V_pad)
+    targets = torch.randint(0, V, (N,), generator=g)
+    even, odd = torch.arange(0, N, 2), torch.arange(1, N, 2)
+    logits[even, targets[even]] = 0.9 * softcap  # softmax of the target about 0.9-0.99
+    knee = torch.randint(0, V, (odd.numel(), 3), generator=g)
+    logits[odd] = logits[odd].scatter(1, knee, 4.0 * softcap * torch.sign(torch.randn(odd.numel(), 3, generator=g)))
+    logits[:, V:] = 100.0  # padding columns never count
+    return logits.to(device=device, dtype=dtype), targets.to(device)
+
+
+def test_emulated_kernel_is_exact_where_the_stash_would_not_be(emu):
+    N, V, V_pad, softcap = 4, 1000, 1024, 15.0
+    logits, targets = _confident_rows(N, V, V_pad, softcap)
+    losses, grad = emu.softcap_xent_grad(logits, targets, V, softcap, 1.0 / N)
+    want_losses, want_grad = softcap_xent_grad_reference(logits, targets, V, softcap, 1.0 / N)
+    even = torch.arange(0, N, 2)
+    assert (want_grad[even, targets[even]].float() * N > -0.1).all(), "the targets take most of the softmax"
+    torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.float(), want_grad.float(), rtol=1e-2, atol=1e-6 / N)
+    assert torch.all(grad[:, V:] == 0)
 
 
 def test_emulated_kernel_marks_targets_outside_the_vocabulary_and_refuses_bad_rows(emu):

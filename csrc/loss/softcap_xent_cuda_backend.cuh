@@ -22,6 +22,7 @@ using Vec8 = uint4;  // 8 bf16
 
 // Global memory read again soon: cached in L2 only. Read or written for the last time: streaming (evicted first).
 __device__ __forceinline__ Vec8 load_cached(const Vec8* p) { return __ldcg(p); }
+__device__ __forceinline__ void store_cached(Vec8* p, Vec8 v) { __stcg(p, v); }
 __device__ __forceinline__ Vec8 load_streaming(const Vec8* p) { return __ldcs(p); }
 __device__ __forceinline__ void store_streaming(Vec8* p, Vec8 v) { __stcs(p, v); }
 

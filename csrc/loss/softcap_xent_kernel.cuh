@@ -3,7 +3,8 @@
 // softcap_xent_grad_host(logits, targets, vocab_size, softcap, scale) -> (losses, grad): see softcap_xent.cpp.
 // The backend, included first, defines in namespace tscale::xent: Vec8 (16 bytes, 8 bf16), load_cached (global
 // memory, read again soon), load_streaming / store_streaming (read or written for the last time), unpack8 / pack8
-// (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, warp_xor, TSCALE_XENT_DYNAMIC_SMEM,
+// store_cached (written now, read again soon), (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, warp_xor,
+// TSCALE_XENT_DYNAMIC_SMEM,
 // check_device, DeviceScope and launch_kernel. The CUDA build takes softcap_xent_cuda_backend.cuh; tests/loss_emu
 // runs this very source on a CPU emulator.
 //
@@ -18,8 +19,13 @@
 // The arithmetic is in base 2: zl = z log2(e). With the soft-cap c, |z| < c, so pass 1 sums 2^(zl - c log2 e)
 // without a running maximum (every term lies in (e^-2c, 1], normal floats while c <= kFixedRefMaxCap); tanh is
 // written with one exponential and one reciprocal: tanh(y) = 1 - 2 / (exp(2y) + 1), so a capped value costs three
-// special-function operations a pass. (Moving the softmax's exponential to a polynomial on the FMA pipe made the
-// kernel slower, not faster: docs/BENCHMARKS.md.)
+// special-function operations in pass 1. Pass 1 then also stashes each term e = 2^(zl - c log2 e) as bf16 in the
+// gradient's own memory, and pass 2 reads the stash instead of the logits: the softmax is e 2^(c log2 e - lse), and
+// t = tanh(x / c) = 1 + log2(e) / (c log2 e), so 1 - t^2 costs one logarithm instead of a tanh and an exponential
+// (three special-function operations become one). The stash's rounding (2^-9 relative) moves t by less than 1e-4;
+// the two terms where that matters are computed from the logits as before: the target's (softmax - 1 cancels) and
+// those with t > kStashMaxTanh (1 - t^2 small). (Moving the softmax's exponential to a polynomial on the FMA pipe
+// made the kernel slower, not faster: docs/BENCHMARKS.md.)
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,13 +42,15 @@ constexpr int kWarps = kThreads / 32;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kFixedRefMaxCap = 40.f;  // 2^(-2 c log2 e) stays a normal float up to c ~ 43
+constexpr float kStashMaxTanh = 0.95f;   // above it 1 - t^2 < 0.1: such terms are computed from the logits
 
-// How many blocks share a multiprocessor and how many vectors of 8 a thread loads before using any of them
-// (scripts/bench/head_loss_kernel.py times others: on the H200 each was within 4% of the default, none faster at
-// both the soft-cap and without it).
-template <int MinBlocks, int Batch>
+// How many blocks share a multiprocessor, how many vectors of 8 a thread loads before using any of them, and
+// whether a soft-capped row's pass 2 reads pass 1's stash (scripts/bench/head_loss_kernel.py times others: on the
+// H200 each other split was within 4% of the default, none faster at both the soft-cap and without it).
+template <int MinBlocks, int Batch, bool Stash = true>
 struct Policy {
   static constexpr int kMinBlocks = MinBlocks, kBatch = Batch;
+  static constexpr bool kStash = Stash;
 };
 using DefaultPolicy = Policy<2, 4>;
 
@@ -85,9 +93,10 @@ __device__ SoftmaxState block_merge(SoftmaxState st, SoftmaxState* part) {
 }
 
 // Pass 1 over one vector: with a fixed reference add 2^(zl - m) to s; without one keep (m, s) a running pair.
+// e: the eight terms 2^(zl - m) (0 past the vocabulary).
 template <bool kFixedRef, bool kCap>
 __device__ __forceinline__ void accumulate(const Vec8& v, int first_col, int vocab, const Capper<kCap>& cap,
-                                           SoftmaxState& st) {
+                                           SoftmaxState& st, float (&e)[8]) {
   float x[8], t;
   unpack8(v, x);
   const bool full = first_col + 8 <= vocab;
@@ -103,7 +112,6 @@ __device__ __forceinline__ void accumulate(const Vec8& v, int first_col, int voc
       st.m = mv;
     }
   }
-  float e[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) e[i] = fast_exp2(x[i] - st.m);
   st.s += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
@@ -130,15 +138,19 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
   const Vec8* in = logits + row * row_vecs;
   Vec8* out = grad + row * row_vecs;
   const Capper<kCap> cap{kCap ? 2.f * kLog2e / softcap : 0.f, softcap * kLog2e};
+  constexpr bool kStash = P::kStash && kCap && kFixedRef;  // pass 2 reads pass 1's terms, not the logits
 
   SoftmaxState st{kFixedRef ? cap.cl : -INFINITY, 0.f};
   for (int base = threadIdx.x; base < row_vecs; base += P::kBatch * kThreads) {
     Vec8 vecs[P::kBatch];
-    load_batch</*kLastRead=*/false>(vecs, in, base, row_vecs);
+    load_batch</*kLastRead=*/kStash>(vecs, in, base, row_vecs);
 #pragma unroll
     for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
-      if (v < row_vecs) accumulate<kFixedRef, kCap>(vecs[k], v * 8, vocab, cap, st);
+      if (v >= row_vecs) break;
+      float e[8];
+      accumulate<kFixedRef, kCap>(vecs[k], v * 8, vocab, cap, st, e);
+      if constexpr (kStash) store_cached(out + v, pack8(e));
     }
   }
   st = block_merge(st, reinterpret_cast<SoftmaxState*>(smem));
@@ -152,9 +164,12 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
     losses[row] = valid ? (lse2 - cap(x[y % 8], t)) * kLn2 : NAN;
   }
   const int y_vec = valid ? static_cast<int>(y / 8) : -1, y_lane = static_cast<int>(y & 7);
+  // the stash: softmax = e 2^(m - lse2); w = log2(e) / (c log2 e) = t - 1, so 1 - t^2 = -w (w + 2)
+  const float to_softmax = kStash ? fast_exp2(st.m - lse2) : 0.f, per_cl = kStash ? 1.f / cap.cl : 0.f;
+  const float exact_above = kStash ? fast_exp2((kStashMaxTanh - 1.f) * cap.cl) : 0.f;  // e at t = kStashMaxTanh
   for (int base = threadIdx.x; base < row_vecs; base += P::kBatch * kThreads) {
     Vec8 vecs[P::kBatch];
-    load_batch</*kLastRead=*/true>(vecs, in, base, row_vecs);
+    load_batch</*kLastRead=*/true>(vecs, kStash ? out : in, base, row_vecs);
 #pragma unroll
     for (int k = 0; k < P::kBatch; ++k) {
       const int v = base + k * kThreads;
@@ -162,6 +177,21 @@ __global__ void __launch_bounds__(kThreads, P::kMinBlocks)
       float x[8];
       unpack8(vecs[k], x);
       const bool full = v * 8 + 8 <= vocab, has_y = v == y_vec;
+      if constexpr (kStash) {
+        bool exact = has_y;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) exact |= x[i] > exact_above;
+        if (!exact) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float w = fast_log2(x[i]) * per_cl;
+            x[i] = full || v * 8 + i < vocab ? x[i] * to_softmax * (-w * (w + 2.f)) * scale : 0.f;
+          }
+          store_streaming(out + v, pack8(x));
+          continue;
+        }
+        unpack8(load_streaming(in + v), x);  // the vector of the target or of a term near the cap: from the logits
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         float t = 0.f;

@@ -29,6 +29,11 @@ inline Vec8 load_streaming(const Vec8* p) {
   return *p;
 }
 
+inline void store_cached(Vec8* p, Vec8 v) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_cached at an address that is not 16-byte aligned");
+  *p = v;
+}
+
 inline void store_streaming(Vec8* p, Vec8 v) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_streaming at an address that is not 16-byte aligned");
   *p = v;
