@@ -9,8 +9,10 @@ multi-tensor (_foreach) kernels apart, and the host's time to issue one step. Va
 (tscale.optim.muon as it is), `compiled_ns` (its Newton-Schulz iteration through torch.compile, so the
 casts and the normalisation around the products fuse) and `compiled_step` (optim.compile_step: the whole
 Muon update through torch.compile, momentum, stacking, Newton-Schulz and the parameter update). All start
-from the same parameters and gradients; each compiled variant's first update is compared with the eager
-one (--variants picks some).
+from the same parameters and gradients; each variant's first update is compared with the eager one and with
+the definition (the eager step with its Newton-Schulz products in float32): the largest |difference| over the
+largest |update| of any matrix, and the difference's norm over the update's, the largest over the matrices
+(--variants picks some).
 """
 
 import argparse
@@ -102,9 +104,17 @@ def main() -> None:
                                       f"{args.steps} calls after 3, kernels profiled over 5 calls."}
     eager_ns = muon.orthogonalize
     results = {}
+    model, opt = setup(args.config, overrides=("optim.compile_step=false",))
+    first = [p.detach().clone() for p in model.parameters()]
+    ns_dtype = muon.ns_dtype_for
+    muon.ns_dtype_for = lambda t: torch.float32  # the definition: Newton-Schulz in float32
+    opt.step()
+    muon.ns_dtype_for = ns_dtype
+    definition = [(p.detach() - f).float() for p, f in zip(model.parameters(), first)]
+    del model, opt, first
     for variant in args.variants:
         muon.orthogonalize = torch.compile(eager_ns, dynamic=False) if variant == "compiled_ns" else eager_ns
-        model, opt = setup(args.config, overrides=("optim.compile_step=true",) if variant == "compiled_step" else ())
+        model, opt = setup(args.config, overrides=(f"optim.compile_step={str(variant == 'compiled_step').lower()}",))
         first = [p.detach().clone() for p in model.parameters()]
         opt.step()
         results[variant] = [(p.detach() - f).float() for p, f in zip(model.parameters(), first)]
@@ -117,11 +127,17 @@ def main() -> None:
               f"ms {r['kernel_ms_by_kind']}, {r['launches_per_step']} launches")
         for name, ms in r["top_kernels_ms"]:
             print(f"    {ms:8.3f}  {name}")
-    for variant in [v for v in results if v != "eager" and "eager" in results]:
-        diff = max(float((a - b).abs().max() / (a.abs().max() + 1e-12))
-                   for a, b in zip(results[variant], results["eager"]))
-        record["metrics"][f"{variant}_max_rel_diff_first_update"] = diff
-        print(f"{variant} against eager, first update: max relative difference {diff:.2e}")
+    for variant in results:
+        for against, ref in (("eager", results.get("eager")), ("definition", definition)):
+            if ref is None or variant == against:
+                continue
+            diff = max(float((a - b).abs().max() / (b.abs().max() + 1e-12)) for a, b in zip(results[variant], ref))
+            norm = max(float((a - b).norm() / (b.norm() + 1e-12)) for a, b in zip(results[variant], ref))
+            suffix = "" if against == "eager" else "_vs_definition"
+            record["metrics"][f"{variant}_max_rel_diff_first_update{suffix}"] = diff
+            record["metrics"][f"{variant}_norm_rel_diff_first_update{suffix}"] = norm
+            print(f"{variant} against {against}, first update: max relative difference {diff:.2e}, "
+                  f"norm relative difference {norm:.2e}")
     muon.orthogonalize = eager_ns
     if args.out:
         write_json_atomic(args.out, record)
