@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, merge_metrics  # noqa: E402
+from common import REPO, merge_metrics, round_orders  # noqa: E402
 
 from tscale.model.loss import token_losses, token_losses_in_chunks  # noqa: E402
 from tscale.ops.fused_loss import CPU_CHUNK_ELEMENTS, chunked_head_loss, default_chunk, head_loss_reference  # noqa: E402
@@ -32,14 +32,15 @@ SOFTCAP = 30.0
 
 
 def run_interleaved(paths: dict, rounds: int) -> dict[str, float]:
-    """Median ms of each path's call, the paths taking turns `rounds` times (after one warm-up call each)."""
+    """Median ms of each path's call, the paths taking turns `rounds` times in common.round_orders' orders (after
+    one warm-up call each)."""
     times = {name: [] for name in paths}
     for fn in paths.values():
         fn()
-    for _ in range(rounds):
-        for name, fn in paths.items():
+    for order in round_orders(list(paths), rounds):
+        for name in order:
             t0 = time.perf_counter()
-            fn()
+            paths[name]()
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(s) * 1e3 for name, s in times.items()}
 
