@@ -89,7 +89,7 @@ class OptimConfig(_Section):
     `decay_frac` of the steps. It scales every rate alike. `compile_step` runs Muon's update
     (momentum, Newton-Schulz, the parameter update) through torch.compile, its elementwise
     passes fused; the same arithmetic up to rounding. "auto" does so on a GPU (124M on an
-    H200: Muon's step 6.46 -> 4.98 ms, training +1.8-2.0% tokens/s) and not on a CPU, where
+    H200: Muon's step 6.46 -> 4.98 ms, training +1.7-2.0% tokens/s) and not on a CPU, where
     compiling costs more than it saves in short runs.
     """
 

@@ -1,11 +1,10 @@
 // The head's cross-entropy kernel and its host entry, written against a backend of a few primitives.
 //
 // softcap_xent_grad_host(logits, targets, vocab_size, softcap, scale) -> (losses, grad): see softcap_xent.cpp.
-// The backend, included first, defines in namespace tscale::xent: Vec8 (16 bytes, 8 bf16), load_cached (global
-// memory, read again soon), load_streaming / store_streaming (read or written for the last time), unpack8 / pack8
-// store_cached (written now, read again soon), (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, warp_xor,
-// TSCALE_XENT_DYNAMIC_SMEM,
-// check_device, DeviceScope and launch_kernel. The CUDA build takes softcap_xent_cuda_backend.cuh; tests/loss_emu
+// The backend, included first, defines in namespace tscale::xent: Vec8 (16 bytes, 8 bf16), load_cached / store_cached
+// (global memory, read again soon), load_streaming / store_streaming (read or written for the last time), unpack8 /
+// pack8 (bf16 <-> float), fast_exp2, fast_log2, fast_rcp, warp_xor, TSCALE_XENT_DYNAMIC_SMEM, check_device,
+// DeviceScope and launch_kernel. The CUDA build takes softcap_xent_cuda_backend.cuh; tests/loss_emu
 // runs this very source on a CPU emulator.
 //
 // One block of 512 threads per row, at least two blocks a multiprocessor (64 registers a thread at most). Pass 1
