@@ -164,10 +164,13 @@ def test_groups_and_rates():
         build_optimizer(model, cfg, torch.device("cpu"), freeze_variance_at=10)
 
 
-@pytest.mark.parametrize("setting,device,compiled", [("auto", "cpu", False), ("auto", "cuda", True),
-                                                    (False, "cuda", False), (True, "cpu", True)])
-def test_compile_step_auto_compiles_on_a_gpu_only(setting, device, compiled):
-    """optim.compile_step = "auto" (the default) compiles Muon's update for a CUDA device, not for the CPU."""
+@pytest.mark.parametrize("setting,device,triton,compiled", [
+    ("auto", "cpu", True, False), ("auto", "cuda", True, True), ("auto", "cuda", False, False),
+    (False, "cuda", True, False), (True, "cpu", False, True)])
+def test_compile_step_auto_compiles_on_a_gpu_with_triton_only(setting, device, triton, compiled, monkeypatch):
+    """optim.compile_step = "auto" (the default) compiles Muon's update for a CUDA device whose torch.compile can
+    generate kernels, not for the CPU; true and false are obeyed as given."""
+    monkeypatch.setattr("torch.utils._triton.has_triton", lambda: triton)
     cfg = OptimConfig(name="muon", compile_step=setting)
     opt = build_optimizer(_model(), cfg, torch.device(device))
     assert (opt._compiled_update is not None) == compiled

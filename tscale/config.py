@@ -88,9 +88,9 @@ class OptimConfig(_Section):
     decay to min_lr_ratio, or "trapezoid": constant, then linear decay over the last
     `decay_frac` of the steps. It scales every rate alike. `compile_step` runs Muon's update
     (momentum, Newton-Schulz, the parameter update) through torch.compile, its elementwise
-    passes fused; the same arithmetic up to rounding. "auto" does so on a GPU (124M on an
-    H200: Muon's step 6.46 -> 4.98 ms, training +1.7-2.0% tokens/s) and not on a CPU, where
-    compiling costs more than it saves in short runs.
+    passes fused; the same arithmetic up to rounding. "auto" does so on a GPU with Triton (124M
+    on an H200: Muon's step 6.46 -> 4.98 ms, training +1.7-2.0% tokens/s) and not on a CPU,
+    where compiling costs more than it saves in short runs.
     """
 
     name: Literal["adamw", "muon"] = "adamw"

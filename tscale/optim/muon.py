@@ -188,7 +188,17 @@ def muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
+def compiles_step(cfg: OptimConfig, device: torch.device) -> bool:
+    """Whether Muon's update runs through torch.compile: optim.compile_step, where "auto" means on a CUDA device
+    whose torch.compile can generate kernels (Triton is installed); elsewhere the eager step serves."""
+    if cfg.compile_step != "auto":
+        return cfg.compile_step
+    from torch.utils._triton import has_triton
+
+    return device.type == "cuda" and has_triton()
+
+
 def build_muon(model: nn.Module, cfg: OptimConfig, device: torch.device) -> Muon:
-    compile_step = device.type == "cuda" if cfg.compile_step == "auto" else cfg.compile_step
+    compile_step = compiles_step(cfg, device)
     return Muon(muon_groups(model, cfg), lr=cfg.lr, momentum=cfg.muon_momentum, betas=(cfg.beta1, cfg.beta2),
                 eps=cfg.eps, compile_step=compile_step)
