@@ -9,9 +9,10 @@
 # the definition on the GPU, bf16 Newton-Schulz); scripts/bench/muon_profile.py --variants eager compiled_step
 # (OUT_DIR/muon_profile.json: step time, kernels by kind, launches, the first update's difference); then
 # scripts/bench/arch_speed.py on random GPT-2 ids at 4,096 and then 1,024 tokens a window, gpt2, tscale and
-# tscale with train.attention = "cudnn", each also with optim.compile_step = true (--also tscale_compile_step
-# tscale_cudnn_compile_step), records merged into a copy of docs/bench/architecture.json in OUT_DIR. Everything
-# stops SECONDS (default 570) after the start. Set TSCALE_COMMIT to this tree's commit.
+# tscale with train.attention = "cudnn" (their update compiled, the default on a GPU), each also with
+# optim.compile_step = false (--also tscale_eager_step tscale_cudnn_eager_step), records merged into a copy of
+# docs/bench/architecture.json in OUT_DIR. Everything stops SECONDS (default 570) after the start. Set
+# TSCALE_COMMIT to this tree's commit.
 set -u -o pipefail
 OUT=${1:?usage: compile_step_runs.sh OUT_DIR [SECONDS]}
 deadline=$(( $(date +%s) + ${2:-570} ))
@@ -31,7 +32,7 @@ random_token_folder(Path('/tmp/random-tokens'), 8_000_000)"
 cp docs/bench/architecture.json "$OUT/"
 for seq in 4096 1024; do
   timeout "$(left)" python3 scripts/bench/arch_speed.py /tmp/random-tokens --modes default --attention cudnn \
-    --also tscale_compile_step tscale_cudnn_compile_step --seq-len $seq --steps 20 --warmup 8 --out-dir "$OUT" 2>&1 \
+    --also tscale_eager_step tscale_cudnn_eager_step --seq-len $seq --steps 20 --warmup 8 --out-dir "$OUT" 2>&1 \
     | tee "$OUT/logs/arch-speed-T$seq.log" | grep -E "tokens/s|tscale / gpt2|Error|error"
 done
 true
