@@ -92,6 +92,25 @@ def test_report_measures_the_crossing_against_gpt2s_final_loss(tmp_path):
     assert "convergence_tokens_ratio" not in metrics and "did NOT reach it" in notes["convergence"]
 
 
+def test_a_tscale_variant_changes_only_the_tscale_run_and_is_named_in_the_report(tmp_path):
+    """architecture.py --tscale-set: the settings go last in tscale's run (they win), never into gpt2's, and the
+    report's convergence paragraph names them beside the preset."""
+    import architecture
+
+    variant = ("model.sink=false", "optim.muon_lr=0.03")
+    tscale_set = architecture.run_overrides(architecture.TINY, "tscale", tmp_path, 1.0, variant)
+    assert tscale_set[-2:] == list(variant)
+    assert not set(variant) & set(architecture.run_overrides(architecture.TINY, "gpt2", tmp_path, 1.0))
+    gpt2 = _run(tmp_path, "gpt2", _records([1000.0] * 8, vals={40: 3.5, 80: 3.0}), 80, 80)
+    gpt2["final_val_loss"] = 3.0
+    tscale = _run(tmp_path, "tscale", _records([2000.0] * 3, vals={10: 4.0, 20: 3.2, 30: 2.8}), 30, 40)
+    tscale["overrides"] = tscale_set
+    tscale["variant"] = list(variant)
+    _, notes = report_architecture.convergence_part({"gpt2": gpt2, "tscale": tscale})
+    assert ("tscale (configs/tscale.toml + --set optim.warmup_steps=2 + --set optim.head_lr=0.01 + --set "
+            "optim.embed_lr=0.075 + --set model.sink=false + --set optim.muon_lr=0.03, schedule") in notes["convergence"]
+
+
 def _measured(tscale_s: float, path: str, **extra) -> dict:
     """One attention measurement at T 1024 as `architecture.py attention` records it, SDPA taking 4 ms."""
     return {"1024": {"tscale_s": tscale_s, "sdpa_s": 0.004, "windows": {"128": 9, "0": 3}, "batch_size": 32,

@@ -88,8 +88,9 @@ def _multiple(n: float, of: int) -> int:
     return max(of, round(n / of) * of)
 
 
-def run_overrides(s: Scale, arch: str, tokens: Path, max_ratio: float) -> list[str]:
-    """The --set list of one convergence run (the warm-up uses the same, so its graphs are the same)."""
+def run_overrides(s: Scale, arch: str, tokens: Path, max_ratio: float, variant: tuple[str, ...] = ()) -> list[str]:
+    """The --set list of one convergence run (the warm-up uses the same, so its graphs are the same); variant:
+    more settings of the tscale run (--tscale-set), last so that they win."""
     common = [f"model.seq_len={s.seq_len}", f"train.batch_size={s.batch_size}", "train.grad_accum=1",
               f"train.eval_batches={s.eval_batches}", "train.ckpt_every=0", f"train.log_every={s.log_every}",
               f'data.tokens="{tokens}"', *s.extra]
@@ -99,7 +100,7 @@ def run_overrides(s: Scale, arch: str, tokens: Path, max_ratio: float) -> list[s
         return [*common, f"train.steps={steps}", f"train.eval_every={every}", *s.gpt2_overrides]
     steps = round(max_ratio * gpt2_steps(s))
     every = _multiple(s.eval_tokens / tokens_per_step(s), s.log_every)
-    return [*common, f"train.steps={steps}", f"train.eval_every={every}", *s.tscale_overrides]
+    return [*common, f"train.steps={steps}", f"train.eval_every={every}", *s.tscale_overrides, *variant]
 
 
 class Results:
@@ -136,7 +137,7 @@ def _time_left(deadline: float | None, margin: float) -> float:
 def cmd_warmup(args, s: Scale) -> None:
     from train_runs import warm_compile
 
-    overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio)
+    overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio, args.tscale_set)
     seconds = warm_compile(REPO / s.configs[args.arch], overrides, args.work / f"warm-{args.arch}",
                            s.batch_size, s.seq_len)
     print(f"warm-up {args.arch}: {seconds:.0f} s", flush=True)
@@ -151,7 +152,7 @@ def cmd_convergence(args, s: Scale) -> None:
         import shutil
 
         shutil.rmtree(run_dir)
-    overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio)
+    overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio, args.tscale_set)
     hook = None
     if args.arch == "tscale" and not args.beside:
         gpt2 = results.load().get("gpt2")
@@ -167,7 +168,8 @@ def cmd_convergence(args, s: Scale) -> None:
     outcome = train(REPO / s.configs[args.arch], overrides, run_dir, on_step=hook, quiet=not args.verbose)
     records = curves.read_records(run_dir / "metrics.jsonl")
     vals = curves.val_curve(records)
-    outcome.update(config=s.configs[args.arch], overrides=overrides, final_val_loss=vals[-1][1] if vals else None,
+    outcome.update(config=s.configs[args.arch], overrides=overrides, variant=list(args.tscale_set),
+                   final_val_loss=vals[-1][1] if vals else None,
                    steps=records[-1]["step"], planned_steps=_planned_steps(overrides))
     results.put(args.arch, outcome)
     print(f"convergence {args.arch}: {outcome['ended']}; {outcome['steps']} steps, last val loss "
@@ -265,6 +267,9 @@ def main() -> None:
                     help="attention: also profile this many steps of each side (kernel time by name, in results.json)")
     ap.add_argument("--beside", action="store_true",
                     help="convergence --arch tscale: run the whole schedule beside gpt2's run, not stopping at its loss")
+    ap.add_argument("--tscale-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="warmup / convergence --arch tscale: one more setting of the tscale run (repeatable), e.g. "
+                         "model.sink=false, to time a variant against gpt2's run; the report names it")
     ap.add_argument("--verbose", action="store_true", help="show the training progress lines")
     args = ap.parse_args()
     s = TINY if args.tiny else FULL
@@ -277,6 +282,9 @@ def main() -> None:
     args.tokens = (args.tokens or args.work / "tokens").resolve()
     if args.command in ("warmup", "convergence") and not args.arch:
         ap.error(f"{args.command} needs --arch")
+    args.tscale_set = tuple(args.tscale_set)
+    if args.tscale_set and args.arch != "tscale":
+        ap.error("--tscale-set applies to `warmup` / `convergence --arch tscale` only")
     if args.beside and not (args.command == "convergence" and args.arch == "tscale"):
         ap.error("--beside applies to `convergence --arch tscale` only (gpt2's run always trains its whole budget)")
     {"warmup": cmd_warmup, "convergence": cmd_convergence, "attention": cmd_attention,

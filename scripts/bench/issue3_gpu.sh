@@ -25,6 +25,8 @@
 #      ISSUE3_WORK      work folder, git-ignored (default .cache/issue3)
 #      ISSUE3_ABLATION_TOKENS  training tokens per ablation variant (default 12e6)
 #      OUT              folder whose files come back from the device (default $WORK/out)
+#      ISSUE3_TSCALE_SET  parts 1 and 1x2: settings of the tscale run, space-separated (e.g. "model.sink=false"),
+#                       to measure a variant against gpt2's run; the report names them
 set -euo pipefail
 
 part=${1:?usage: scripts/bench/issue3_gpu.sh 1|2 [--tiny]}
@@ -52,6 +54,8 @@ exec > >(tee -a "$out/issue3-part$part.log") 2>&1
 tee_pid=$!
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/$work/inductor
 common=(--work "$work" --deadline "$deadline" "${flags[@]}")
+variant=()
+for setting in ${ISSUE3_TSCALE_SET:-}; do variant+=(--tscale-set "$setting"); done
 report=(--work "$work" --out-dir "$records" "${flags[@]}")
 
 say() { echo "[issue3 part $part +$(( $(date +%s) - start ))s] $*"; }
@@ -92,7 +96,7 @@ if [ "$part" = 1 ]; then
   say "warm-ups of gpt2 and tscale (compile on random ids) beside tokenizing"
   TORCHINDUCTOR_COMPILE_THREADS=4 python $bench/architecture.py warmup --arch gpt2 "${common[@]}" \
     > "$work/logs/warm-gpt2.log" 2>&1 & warm_gpt2=$!
-  TORCHINDUCTOR_COMPILE_THREADS=4 python $bench/architecture.py warmup --arch tscale "${common[@]}" \
+  TORCHINDUCTOR_COMPILE_THREADS=4 python $bench/architecture.py warmup --arch tscale "${common[@]}" "${variant[@]}" \
     > "$work/logs/warm-tscale.log" 2>&1 & warm_tscale=$!
   tokenize
   # Nothing should compile while a measured run trains: wait for the warm-ups, but at most until
@@ -106,7 +110,8 @@ if [ "$part" = 1 ]; then
   say "gpt2 convergence run"
   bounded python $bench/architecture.py convergence --arch gpt2 "${common[@]}" || say "gpt2 run failed"
   say "tscale convergence run"
-  bounded python $bench/architecture.py convergence --arch tscale "${common[@]}" || say "tscale run failed"
+  bounded python $bench/architecture.py convergence --arch tscale "${common[@]}" "${variant[@]}" \
+    || say "tscale run failed"
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
 elif [ "$part" = 1x2 ]; then
   tokenize
@@ -115,7 +120,7 @@ elif [ "$part" = 1x2 ]; then
   ( CUDA_VISIBLE_DEVICES=0 bounded "${PIN0[@]}" python $bench/architecture.py convergence --arch gpt2 "${common[@]}" \
       || say "gpt2 run failed" ) & run_gpt2=$!
   ( CUDA_VISIBLE_DEVICES=1 bounded "${PIN1[@]}" python $bench/architecture.py convergence --arch tscale --beside \
-      "${common[@]}" || say "tscale run failed" ) & run_tscale=$!
+      "${common[@]}" "${variant[@]}" || say "tscale run failed" ) & run_tscale=$!
   wait "$run_gpt2" "$run_tscale"  # a bare wait would also wait for the log's tee
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
 elif [ "$part" = 2 ]; then

@@ -47,8 +47,10 @@ def _time_at(times: list, tokens: float) -> float:
 
 
 def _changed(entry: dict) -> str:
-    """The optimizer settings a run changed from its preset, as ' + --set ...' text."""
-    mine = [o for o in entry["overrides"] if o.startswith("optim.")]
+    """The optimizer settings a run changed from its preset and the variant's settings (--tscale-set), as
+    ' + --set ...' text."""
+    variant = entry.get("variant", [])
+    mine = [o for o in entry["overrides"] if o.startswith("optim.") and o not in variant] + list(variant)
     return "".join(f" + --set {o}" for o in mine)
 
 
@@ -93,7 +95,7 @@ def convergence_part(results: dict) -> tuple[dict, dict]:
         "convergence": (
             f"gpt2 ({gpt2['config']}{_changed(gpt2)}) trained B = {budget / 1e6:.2f}M tokens "
             f"({gpt2['steps']} steps of {g['per_step']:,} tokens) on mix + code-slice, GPT-2 BPE, one pass, "
-            f"final val loss {target:.4f} on fixed validation windows; tscale ({tscale['config']}, schedule over "
+            f"final val loss {target:.4f} on fixed validation windows; tscale ({tscale['config']}{_changed(tscale)}, schedule over "
             f"{m['tscale_schedule_tokens'] / 1e6:.2f}M tokens = {m['tscale_schedule_tokens'] / budget:.2f} B) "
             f"scored on the same windows every {eval_every / 1e6:.2f}M tokens, the crossing interpolated "
             f"linearly between evaluations. {outcome}. "
