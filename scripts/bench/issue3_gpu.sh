@@ -26,7 +26,8 @@
 #      ISSUE3_ABLATION_TOKENS  training tokens per ablation variant (default 12e6)
 #      OUT              folder whose files come back from the device (default $WORK/out)
 #      ISSUE3_TSCALE_SET  parts 1 and 1x2: settings of the tscale run, space-separated (e.g. "model.sink=false"),
-#                       to measure a variant against gpt2's run; the report names them
+#                       to measure a variant against gpt2's run; the report names them and goes to $WORK/bench
+#                       (and $OUT), not docs/bench
 set -euo pipefail
 
 part=${1:?usage: scripts/bench/issue3_gpu.sh 1|2 [--tiny]}
@@ -44,6 +45,7 @@ else
   work=${ISSUE3_WORK:-.cache/issue3}
   data=${ISSUE3_DATA:-.devdata}
   records=docs/bench
+  [ -n "${ISSUE3_TSCALE_SET:-}" ] && records=$work/bench  # a variant's record never stands in for the headline's
   flags=()
   ablation_flags=(--jobs 7 --min-job-s 150 --tokens-per-run "${ISSUE3_ABLATION_TOKENS:-12e6}")
 fi
