@@ -7,7 +7,7 @@
 # Sets OUT, BASES (the absolute comparison trees, BASE_DIR first), BASE (= BASES[0]) and left() (seconds until
 # SECONDS after the start, at least 1); builds every comparison tree in place (setup.py build_ext --inplace,
 # OUT/logs/build-<dir name>.log) while scripts/device/setup_env.sh builds this tree, all without
-# tscale._C_cutlass, and returns when all are done. Defines ab_rate (below) and ab_tokens.
+# tscale._C_cutlass, and returns when all are done. Defines ab_rate (below) and random_tokens.
 set -u -o pipefail
 usage="usage: $1 OUT_DIR SECONDS BASE_DIR [OTHER_DIR ...]"
 OUT=${2:?$usage}
@@ -27,14 +27,8 @@ done
 MAX_JOBS=8 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
 wait
 
-# A token folder of random GPT-2 ids at /tmp/random-tokens for ab_rate (throughput does not depend on the text).
-ab_tokens() {
-  [ -f /tmp/random-tokens/manifest.json ] || python3 -c "
-import sys; sys.path.insert(0, 'scripts/bench')
-from pathlib import Path
-from train_throughput import random_token_folder
-random_token_folder(Path('/tmp/random-tokens'), 8_000_000)"
-}
+# random_tokens: the token folder of random GPT-2 ids that ab_rate trains on
+source scripts/device/random_tokens.sh
 
 # ab_rate NAME TREE [PRESET [SEQ_LEN]]: the training rate of an arch_speed.py preset (default tscale, 1,024 tokens a
 # window, 32,768 tokens a step) in TREE's build, through the real loop in torch.compile's default mode, 30 steps after
@@ -47,6 +41,6 @@ import sys; sys.path.insert(0, '$repo/scripts/bench')
 from pathlib import Path
 import tscale
 from arch_speed import rate
-r, mem = rate('$preset', Path('/tmp/random-tokens'), 'default', 30, 10, 32768 // $seq, $seq)
+r, mem = rate('$preset', Path('$RANDOM_TOKENS'), 'default', 30, 10, 32768 // $seq, $seq)
 print('$1', tscale.__file__, round(r), 'tokens/s', round(mem, 2), 'GiB')" 2>"$OUT/logs/rate-$1.log" | tee -a "$OUT/rates.txt")
 }

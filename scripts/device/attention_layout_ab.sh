@@ -15,7 +15,7 @@ source scripts/device/ab_builds.sh attention_layout_ab.sh "$@"
 [ "${SKIP_TESTS:-0}" = 1 ] || TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE tests/test_attention_kernel.py tests/test_tscale_arch.py \
   tests/test_train.py > "$OUT/logs/tests.log" 2>&1
 [ "${SKIP_TESTS:-0}" = 1 ] || { echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head; }
-ab_tokens
+random_tokens
 for round in $(seq "${ROUNDS:-2}"); do
   ab_rate "new-$round" "$PWD"
   for dir in "${BASES[@]}"; do ab_rate "$(basename "$dir")-$round" "$dir"; done

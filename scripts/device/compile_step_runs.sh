@@ -24,14 +24,11 @@ timeout "$(left)" python3 -m pytest -q -rfE tests/test_muon.py -k compiled > "$O
 echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head
 timeout "$(left)" python3 scripts/bench/muon_profile.py --variants eager compiled_step --out "$OUT/muon_profile.json" \
   2>&1 | tee "$OUT/logs/muon_profile.log" | grep -E "step|against"
-python3 -c "
-import sys; sys.path.insert(0, 'scripts/bench')
-from pathlib import Path
-from train_throughput import random_token_folder
-random_token_folder(Path('/tmp/random-tokens'), 8_000_000)"
+source scripts/device/random_tokens.sh
+random_tokens
 cp docs/bench/architecture.json "$OUT/"
 for seq in 4096 1024; do
-  timeout "$(left)" python3 scripts/bench/arch_speed.py /tmp/random-tokens --modes default --attention cudnn \
+  timeout "$(left)" python3 scripts/bench/arch_speed.py "$RANDOM_TOKENS" --modes default --attention cudnn \
     --also tscale_eager_step tscale_cudnn_eager_step --seq-len $seq --steps 20 --warmup 8 --out-dir "$OUT" 2>&1 \
     | tee "$OUT/logs/arch-speed-T$seq.log" | grep -E "tokens/s|tscale / gpt2|Error|error"
 done

@@ -16,7 +16,7 @@ TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE tests/test_head_lo
 echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head
 timeout "$(left)" python3 scripts/bench/head_loss_kernel.py --base "$BASE/csrc/loss" --out-dir "$OUT" 2>&1 \
   | tee "$OUT/logs/head_loss_kernel.log" | grep -vE "^\s*$" | tail -20
-ab_tokens
+random_tokens
 for round in $(seq "${ROUNDS:-1}"); do
   for seq in ${SEQ_LENS:-1024}; do
     for preset in ${PRESETS:-gpt2 tscale}; do
