@@ -56,6 +56,13 @@ def setup(config: Path, seed: int = 0, overrides: tuple[str, ...] = ()):
     return model, opt
 
 
+def first_update(model, opt) -> list[torch.Tensor]:
+    """Take one optimizer step; each parameter's change, as float32."""
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()
+    return [(p.detach() - b).float() for p, b in zip(model.parameters(), before)]
+
+
 def measure(opt, steps: int) -> dict:
     for _ in range(3):
         opt.step()
@@ -104,20 +111,14 @@ def main() -> None:
                                       f"{args.steps} calls after 3, kernels profiled over 5 calls."}
     eager_ns = muon.orthogonalize
     results = {}
-    model, opt = setup(args.config, overrides=("optim.compile_step=false",))
-    first = [p.detach().clone() for p in model.parameters()]
     ns_dtype = muon.ns_dtype_for
     muon.ns_dtype_for = lambda t: torch.float32  # the definition: Newton-Schulz in float32
-    opt.step()
+    definition = first_update(*setup(args.config, overrides=("optim.compile_step=false",)))
     muon.ns_dtype_for = ns_dtype
-    definition = [(p.detach() - f).float() for p, f in zip(model.parameters(), first)]
-    del model, opt, first
     for variant in args.variants:
         muon.orthogonalize = torch.compile(eager_ns, dynamic=False) if variant == "compiled_ns" else eager_ns
         model, opt = setup(args.config, overrides=(f"optim.compile_step={str(variant == 'compiled_step').lower()}",))
-        first = [p.detach().clone() for p in model.parameters()]
-        opt.step()
-        results[variant] = [(p.detach() - f).float() for p, f in zip(model.parameters(), first)]
+        results[variant] = first_update(model, opt)
         r = measure(opt, args.steps)
         suffix = "" if variant == "eager" else f"_{variant}"
         record["metrics"].update({f"optimizer_step_ms{suffix}": r["step_ms"], f"optimizer_kernel_ms{suffix}": r["kernel_ms"],
