@@ -313,3 +313,28 @@ def test_speed_runs_at_other_lengths_keep_their_own_paragraph():
     assert short.split(":", 1)[0] == "arch speed (arch_speed.py)"
     assert long.split(":", 1)[0] == "arch speed at T 4096 (arch_speed.py --seq-len 4096)"
     assert "batch 8 x 4096" in long and "train.attention = cudnn" in long
+
+
+def test_product_table_keys_products_by_shape_and_layout():
+    """arch_profile.product_table: one row per operator, operand shapes and strides (a transposed operand is its own
+    row), with the calls per profiled step; bias and batch operands are read at their own positions."""
+    import arch_profile
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(16, 8, generator=g), torch.randn(4, 8, generator=g)
+    bias, batch = torch.randn(4, generator=g), torch.randn(3, 16, 8, generator=g)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(2):  # two "steps"
+            torch.mm(x, w.t())
+            torch.mm(x, w.t().contiguous())
+            torch.addmm(bias, x, w.t())
+            torch.bmm(batch, batch.transpose(1, 2))
+    rows = arch_profile.product_table(prof.events(), active=2)
+    assert rows["aten::mm [[16, 8], [8, 4]] strides [[8, 1], [1, 8]]"][0] == 1
+    assert rows["aten::mm [[16, 8], [8, 4]] strides [[8, 1], [4, 1]]"][0] == 1
+    assert rows["aten::addmm [[16, 8], [8, 4]] strides [[8, 1], [1, 8]]"][0] == 1
+    assert rows["aten::bmm [[3, 16, 8], [3, 8, 16]] strides [[128, 8, 1], [128, 1, 8]]"][0] == 1
+    assert len(rows) == 4
+    mean = arch_profile.mean_products([{"k": [1.0, 2.0, 10.0]}, {"k": [1.0, 4.0, 5.0]}])
+    assert mean["k"] == [1.0, 3.0, pytest.approx((20 + 20) / 2 / 3, abs=0.1)]  # GFLOP 20 + 20 over 3 ms mean

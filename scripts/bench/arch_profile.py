@@ -1,7 +1,7 @@
 """Where a training step's GPU time goes, gpt2 against tscale at 124M: kernels per step and the optimizer alone.
 
     python scripts/bench/arch_profile.py TOKENS [--archs gpt2 tscale] [--warmup 8] [--active 3] [--top 25]
-                                         [--seq-len 1024] [--rounds 1] [--out PATH]
+                                         [--seq-len 1024] [--rounds 1] [--products] [--out PATH]
 
 For each preset of arch_speed.py: the real loop (`tscale.train.loop.train_run`, torch.compile in
 default mode, so that every kernel is visible to the profiler; CUDA graphs would hide them) runs
@@ -12,6 +12,8 @@ the rest. The optimizer is also timed alone: the model's parameters given random
 step() timed with CUDA events, so that Muon's Newton-Schulz iterations can be set against AdamW.
 --rounds N profiles every preset N times, in the given order and reversed by turns (the GPU's clock drifts
 over a process: the first preset ran 8-12% faster), and reports the mean with each round's attention time.
+--products also times every matrix product by its operand shapes and strides (aten::mm, addmm, bmm, baddbmm:
+calls, GPU ms and TFLOP/s per step), so that two presets' products of one shape can be set side by side.
 Writes the tables as JSON to --out (the default: docs/bench/arch_profile.json).
 
 The attention-cost target measured inside the real step: `--archs tscale tscale_sdpa` profiles the
@@ -54,11 +56,16 @@ def group_of(name: str) -> str:
     return next((g for g, keys in GROUPS.items() if any(k in low for k in keys)), "other")
 
 
-def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True) -> dict[str, float]:
+def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True,
+                   products: dict | None = None) -> dict[str, float]:
     """Milliseconds per step of every CUDA kernel (cuda=False: CPU operator, self time) over `active` steps of the
-    real loop profiled after `warmup` (cfg.train.steps must be at least warmup + active)."""
-    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
-    prof = profile(activities=[activity], schedule=schedule(wait=warmup - 1, warmup=1, active=active, repeat=1))
+    real loop profiled after `warmup` (cfg.train.steps must be at least warmup + active).
+    products: a dict to fill with product_table's rows (shapes are recorded then)."""
+    activities = [ProfilerActivity.CUDA] if cuda else []
+    if not cuda or products is not None:
+        activities.append(ProfilerActivity.CPU)
+    prof = profile(activities=activities, record_shapes=products is not None,
+                   schedule=schedule(wait=warmup - 1, warmup=1, active=active, repeat=1))
     with tempfile.TemporaryDirectory() as tmp, prof:
         train_run(cfg, Path(tmp) / "run", quiet=True, on_step=lambda step, model: prof.step())
     device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
@@ -67,24 +74,63 @@ def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True) -> dict[str
         us = event.self_device_time_total if cuda else event.self_cpu_time_total
         if event.device_type == device and us > 0 and not event.key.startswith("ProfilerStep"):
             times[event.key] = times.get(event.key, 0.0) + us / 1e3 / active
+    if products is not None:
+        products.update(product_table(prof.events(), active))
     return times
 
 
+PRODUCT_OPS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
+
+
+def product_table(events, active: int) -> dict[str, list[float]]:
+    """Every matrix-product call of the profiled steps grouped by operator, operand shapes and strides (the strides
+    decide which operand cuBLAS reads transposed) -> {key: [calls per step, GPU ms per step, TFLOP/s]}."""
+    rows: dict[str, list[float]] = {}
+    for event in events:
+        operands = PRODUCT_OPS.get(event.name)
+        if operands is None or event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        shapes, strides = event.input_shapes, event.structured_input_strides or []
+        a, b = (shapes[i] for i in operands)
+        flop = 2.0 * a[-2] * a[-1] * b[-1] * (a[0] if len(a) == 3 else 1)
+        key = f"{event.name} {[shapes[i] for i in operands]} strides {[list(strides[i]) for i in operands if i < len(strides)]}"
+        row = rows.setdefault(key, [0.0, 0.0, 0.0])
+        row[0] += 1 / active
+        row[1] += event.device_time_total / 1e3 / active
+        row[2] += flop / active
+    return {key: [round(calls, 2), round(ms, 4), round(flop / ms / 1e9, 1) if ms else 0.0]
+            for key, (calls, ms, flop) in rows.items()}
+
+
 def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int,
-                 seq_len: int = 1024) -> dict[str, float]:
-    """GPU milliseconds per step of every kernel name over `active` profiled steps of the real loop."""
+                 seq_len: int = 1024, products: dict | None = None) -> dict[str, float]:
+    """GPU milliseconds per step of every kernel name over `active` profiled steps of the real loop
+    (products: filled with product_table's rows)."""
     cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []), f"model.seq_len={seq_len}",
         f"train.steps={warmup + active + 1}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=1000", "train.compile=true", 'train.compile_mode="default"',
         f'data.tokens="{tokens.resolve()}"'])
     with preset_env(arch):
-        return loop_kernel_ms(cfg, warmup, active)
+        return loop_kernel_ms(cfg, warmup, active, products=products)
 
 
 def mean_table(tables: list[dict[str, float]]) -> dict[str, float]:
     """Kernel milliseconds per step averaged over rounds (a kernel missing from a round counts 0 there)."""
     names = {name for table in tables for name in table}
     return {name: sum(table.get(name, 0.0) for table in tables) / len(tables) for name in names}
+
+
+def mean_products(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """product_table rows averaged over rounds: calls and ms per step, TFLOP/s from the mean time."""
+    keys = {key for rows in rounds for key in rows}
+    mean = {}
+    for key in keys:
+        calls = sum(rows.get(key, [0, 0, 0])[0] for rows in rounds) / len(rounds)
+        ms = sum(rows.get(key, [0, 0, 0])[1] for rows in rounds) / len(rounds)
+        flop_per_ms = [rows[key][2] * rows[key][1] for rows in rounds if key in rows]  # TFLOP/s * ms = GFLOP
+        tflops = sum(flop_per_ms) / len(rounds) / ms if ms else 0.0
+        mean[key] = [round(calls, 2), round(ms, 4), round(tflops, 1)]
+    return mean
 
 
 def optimizer_ms(arch: str, steps: int = 20) -> float:
@@ -119,6 +165,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="profile every preset this many times, the order reversed every other round; report the mean")
     ap.add_argument("--top", type=int, default=25, help="kernels printed per preset")
+    ap.add_argument("--products", action="store_true",
+                    help="also time every matrix product by its operand shapes and strides (the profiler records "
+                         "shapes), the mean over rounds")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "arch_profile.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -128,11 +177,15 @@ def main() -> None:
     report = {}
     tables: dict[str, list[dict[str, float]]] = {arch: [] for arch in args.archs}
     rounds_attention: dict[str, list[float]] = {arch: [] for arch in args.archs}  # attention ms per step, per round
+    products: dict[str, list[dict]] = {arch: [] for arch in args.archs}  # product_table per round
     for r, order in enumerate(round_orders(args.archs, args.rounds)):
         for arch in order:
+            rows = {} if args.products else None
             table = kernel_table(arch, args.tokens, args.warmup, args.active, args.batch_size * 1024 // args.seq_len,
-                                 args.seq_len)
+                                 args.seq_len, rows)
             tables[arch].append(table)
+            if rows is not None:
+                products[arch].append(rows)
             torch.cuda.empty_cache()
             attention = sum(ms for name, ms in table.items() if group_of(name) == "attention")
             rounds_attention[arch].append(attention)
@@ -154,6 +207,12 @@ def main() -> None:
                         "group_ms_per_step": {g: round(ms, 3) for g, ms in groups.items()},
                         "attention_ms_per_round": [round(ms, 3) for ms in rounds_attention[arch]],
                         "top_kernels_ms_per_step": [[name, round(ms, 4)] for name, ms in top]}
+        if products[arch]:
+            rows = mean_products(products[arch])
+            print(f"  matrix products: {sum(r[1] for r in rows.values()):.2f} ms per step", flush=True)
+            for key, (calls, ms, tflops) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+                print(f"  {ms:8.3f} ms  {calls:5.1f} calls  {tflops:6.1f} TFLOP/s  {key}", flush=True)
+            report[arch]["products"] = rows
     if "tscale_sdpa" in report:  # the attention-cost target, measured inside the step, for every tscale preset
         sdpa = report["tscale_sdpa"]["group_ms_per_step"].get("attention", 0.0)
         for arch in (a for a in args.archs if a.startswith("tscale") and a != "tscale_sdpa"):

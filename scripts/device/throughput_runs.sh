@@ -8,8 +8,8 @@
 # Builds the package and tokenizes mix + code slice (step_bench_prelude.sh), then runs the PARTS in order until
 # SECONDS (default 570) after the start:
 #   profile    scripts/bench/arch_profile.py --archs gpt2 tscale_cudnn PRESET... --rounds 2 at T 4096 (the order
-#              reversed in the second round, against the clock's drift over a process), the top 60 kernels
-#              (OUT_DIR/arch_profile_T4096.json);
+#              reversed in the second round, against the clock's drift over a process), the top 60 kernels and every
+#              matrix product by shape and layout (OUT_DIR/arch_profile_T4096.json);
 #   speed4096  scripts/bench/arch_speed.py --attention cudnn [--also PRESET...] on windows of 4,096 tokens
 #              (OUT_DIR/T4096/architecture.json);
 #   speed      the same at 1,024 (OUT_DIR/architecture.json).
@@ -23,7 +23,7 @@ for part in ${PARTS:-profile speed4096 speed}; do
   case $part in
     profile)
       timeout "$(left)" python3 scripts/bench/arch_profile.py $tok --archs gpt2 tscale_cudnn "${extra[@]}" --rounds 2 \
-        --seq-len 4096 --top 60 --out "$OUT/arch_profile_T4096.json" > "$OUT/logs/arch_profile_T4096.log" 2>&1
+        --seq-len 4096 --top 60 --products --out "$OUT/arch_profile_T4096.json" > "$OUT/logs/arch_profile_T4096.log" 2>&1
       echo "profile T 4096: exit $?"; grep -E "^== |ms per step|Error" "$OUT/logs/arch_profile_T4096.log" ;;
     speed|speed4096)
       T=1024 dir=$OUT
