@@ -338,3 +338,17 @@ def test_product_table_keys_products_by_shape_and_layout():
     assert len(rows) == 4
     mean = arch_profile.mean_products([{"k": [1.0, 2.0, 10.0]}, {"k": [1.0, 4.0, 5.0]}])
     assert mean["k"] == [1.0, 3.0, pytest.approx((20 + 20) / 2 / 3, abs=0.1)]  # GFLOP 20 + 20 over 3 ms mean
+
+
+def test_product_table_takes_strides_by_id_or_leaves_them_out():
+    """Where the events carry no strides (torch 2.11's FunctionEvent), the table takes them from strides_by_id, or
+    keys the products by shapes alone."""
+    import arch_profile
+    from types import SimpleNamespace
+
+    cpu = torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name="aten::mm", device_type=cpu, input_shapes=[[4, 2], [2, 3]], id=i,
+                              device_time_total=1000.0) for i in (1, 2)]
+    rows = arch_profile.product_table(events, active=1, strides_by_id={1: [[2, 1], [1, 2]]})
+    assert rows == {"aten::mm [[4, 2], [2, 3]] strides [[2, 1], [1, 2]]": [1, 1.0, pytest.approx(48 / 1e9, abs=1e-3)],
+                    "aten::mm [[4, 2], [2, 3]]": [1, 1.0, pytest.approx(0.0, abs=1e-3)]}

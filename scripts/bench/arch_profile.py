@@ -75,25 +75,41 @@ def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True,
         if event.device_type == device and us > 0 and not event.key.startswith("ProfilerStep"):
             times[event.key] = times.get(event.key, 0.0) + us / 1e3 / active
     if products is not None:
-        products.update(product_table(prof.events(), active))
+        products.update(product_table(prof.events(), active, kineto_strides(prof)))
     return times
+
+
+def kineto_strides(prof) -> dict[int, list]:
+    """Operand strides of the profiled operators by correlation id, for a torch whose FunctionEvent lacks them
+    (2.11 keeps them on the profiler's own events only, if at all) -> {} where neither has them."""
+    strides = {}
+    results = getattr(prof.profiler, "kineto_results", None)
+    for event in results.events() if results is not None else []:
+        read = getattr(event, "strides", None)
+        if read is not None and event.name() in PRODUCT_OPS:
+            strides[event.correlation_id()] = read()
+    return strides
 
 
 PRODUCT_OPS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
 
 
-def product_table(events, active: int) -> dict[str, list[float]]:
+def product_table(events, active: int, strides_by_id: dict | None = None) -> dict[str, list[float]]:
     """Every matrix-product call of the profiled steps grouped by operator, operand shapes and strides (the strides
-    decide which operand cuBLAS reads transposed) -> {key: [calls per step, GPU ms per step, TFLOP/s]}."""
+    decide which operand cuBLAS reads transposed; from strides_by_id, by event id, where the events lack them;
+    left out of the key where neither has them) -> {key: [calls per step, GPU ms per step, TFLOP/s]}."""
     rows: dict[str, list[float]] = {}
     for event in events:
         operands = PRODUCT_OPS.get(event.name)
         if operands is None or event.device_type != torch.autograd.DeviceType.CPU:
             continue
-        shapes, strides = event.input_shapes, event.structured_input_strides or []
+        shapes = event.input_shapes
+        strides = getattr(event, "structured_input_strides", None) or (strides_by_id or {}).get(event.id) or []
         a, b = (shapes[i] for i in operands)
         flop = 2.0 * a[-2] * a[-1] * b[-1] * (a[0] if len(a) == 3 else 1)
-        key = f"{event.name} {[shapes[i] for i in operands]} strides {[list(strides[i]) for i in operands if i < len(strides)]}"
+        key = f"{event.name} {[shapes[i] for i in operands]}"
+        if len(strides) > max(operands):
+            key += f" strides {[list(strides[i]) for i in operands]}"
         row = rows.setdefault(key, [0.0, 0.0, 0.0])
         row[0] += 1 / active
         row[1] += event.device_time_total / 1e3 / active
