@@ -90,7 +90,7 @@ def test_grouped_step_matches_the_per_parameter_definition(kind):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])])
 def test_compiled_step_matches_the_definition_and_compiles_once(device):
     """optim.compile_step: the Muon group's update under torch.compile, the rate changing every step (as a
-    schedule's does) without a new graph. On CUDA the Newton-Schulz products run in bf16, where Inductor rounds
+    schedule's does) without a new graph. On CUDA the Newton-Schulz products run in fp16, where Inductor rounds
     fewer intermediates than eager code does."""
     from torch._dynamo.utils import counters
 
@@ -132,6 +132,24 @@ def test_orthogonalize_is_the_quintic_iteration(shape):
         m = x @ x.mT
         x = a * x + (b * m + c * (m @ m)) @ x
     torch.testing.assert_close(orthogonalize(g, steps=3), x.mT if tall else x, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_iteration_is_closer_to_float32_than_bf16():
+    """The reason the CUDA iteration runs in fp16: at one tensor-core rate, several times closer to float32."""
+    g = torch.randn(3, 64, 160, generator=torch.Generator().manual_seed(11)) * 1e-3  # a gradient's scale
+    exact = orthogonalize(g, dtype=torch.float32)
+    fp16, bf16 = (float((orthogonalize(g, dtype=d) - exact).norm() / exact.norm())
+                  for d in (torch.float16, torch.bfloat16))
+    assert fp16 < 1e-2 and fp16 < bf16 / 4, (fp16, bf16)
+
+
+def test_orthogonalize_normalises_before_the_cast():
+    """Entries below fp16's smallest subnormal (6e-8) survive: each matrix is scaled to norm 1 in its own dtype
+    first (cast first, they would all round to zero)."""
+    g = torch.randn(2, 48, 80, generator=torch.Generator().manual_seed(12)) * 1e-9
+    exact = orthogonalize(g, dtype=torch.float32)
+    half = orthogonalize(g, dtype=torch.float16)
+    assert half.dtype == torch.float32 and float((half - exact).norm() / exact.norm()) < 1e-2
 
 
 def test_batched_orthogonalize_equals_one_matrix_at_a_time():
