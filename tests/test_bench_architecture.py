@@ -352,3 +352,15 @@ def test_product_table_takes_strides_by_id_or_leaves_them_out():
     rows = arch_profile.product_table(events, active=1, strides_by_id={1: [[2, 1], [1, 2]]})
     assert rows == {"aten::mm [[4, 2], [2, 3]] strides [[2, 1], [1, 2]]": [1, 1.0, pytest.approx(48 / 1e9, abs=1e-3)],
                     "aten::mm [[4, 2], [2, 3]]": [1, 1.0, pytest.approx(0.0, abs=1e-3)]}
+
+
+def test_kernel_tables_leave_out_the_spans_around_kernels():
+    """With CPU activity recorded (--products), the profiler mirrors record_function ranges on the GPU's timeline;
+    their time is their kernels' time again, so the kernel tables leave them out."""
+    import arch_profile
+
+    assert arch_profile.is_annotation("## Call CompiledFxGraph f7o4f546 ##")
+    assert arch_profile.is_annotation("Optimizer.step#Muon.step")
+    assert arch_profile.is_annotation("ProfilerStep#9")
+    assert not arch_profile.is_annotation("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN")
+    assert not arch_profile.is_annotation("Memcpy DtoD (Device -> Device)")

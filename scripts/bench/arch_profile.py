@@ -72,7 +72,8 @@ def loop_kernel_ms(cfg, warmup: int, active: int, cuda: bool = True,
     times: dict[str, float] = {}
     for event in prof.key_averages():
         us = event.self_device_time_total if cuda else event.self_cpu_time_total
-        if event.device_type == device and us > 0 and not event.key.startswith("ProfilerStep"):
+        spans = is_annotation(event.key, event) if cuda else event.key.startswith("ProfilerStep")
+        if event.device_type == device and us > 0 and not spans:
             times[event.key] = times.get(event.key, 0.0) + us / 1e3 / active
     if products is not None:
         products.update(product_table(prof.events(), active, kineto_strides(prof)))
@@ -89,6 +90,14 @@ def kineto_strides(prof) -> dict[int, list]:
         if read is not None and event.name() in PRODUCT_OPS:
             strides[event.correlation_id()] = read()
     return strides
+
+
+def is_annotation(key: str, event=None) -> bool:
+    """Whether a profiled entry is a span around kernels rather than a kernel: the profiler's steps, and with CPU
+    activity recorded, the GPU-side mirrors of record_function ranges (a compiled graph's call, an optimizer's
+    step), whose time the kernels inside them already count."""
+    return (key.startswith(("ProfilerStep", "## Call CompiledFxGraph", "Optimizer.step#", "Optimizer.zero_grad#"))
+            or bool(getattr(event, "is_user_annotation", False)))
 
 
 PRODUCT_OPS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}

@@ -4,7 +4,7 @@
 #
 #   [PRESET=tscale_cudnn SEQ_LEN=4096] bash scripts/device/muon_ns_ab.sh OUT_DIR SECONDS BASE_DIR
 #       (repository root, on the GPU machine; carry .whl, .devdata/hopper and BASE_DIR, made with
-#        git archive REV setup.py pyproject.toml csrc tscale cli scripts | tar -x -C BASE_DIR)
+#        git archive REV setup.py pyproject.toml csrc tscale cli scripts configs | tar -x -C BASE_DIR)
 #
 # Builds both trees (ab_builds.sh), runs tests/test_muon.py on the GPU (OUT_DIR/logs/tests.log), then
 # scripts/bench/muon_profile.py --variants eager compiled_step in this tree and in BASE_DIR's (OUT_DIR/muon_profile.json,
