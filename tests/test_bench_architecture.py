@@ -364,3 +364,29 @@ def test_kernel_tables_leave_out_the_spans_around_kernels():
     assert arch_profile.is_annotation("ProfilerStep#9")
     assert not arch_profile.is_annotation("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN")
     assert not arch_profile.is_annotation("Memcpy DtoD (Device -> Device)")
+
+
+def test_screen_measures_variants_against_a_recorded_gpt2_run(tmp_path):
+    """architecture.py screen: without a gpt2 run in the work folder the target is the record's; each variant's
+    crossing is read from its own curve, and a variant that never gets there says so."""
+    record = tmp_path / "architecture.json"
+    record.write_text(json.dumps({"date": "2026-01-02", "commit": "abcdef012", "metrics": {
+        "gpt2_final_val_loss": 3.0, "gpt2_train_s": 16.0, "gpt2_budget_tokens": 8000}}))
+    target = report_architecture.screen_target({}, record)
+    assert target["final_val_loss"] == 3.0 and "recorded" in target["source"]
+    # 1000 tokens per log interval at 1000 tok/s; val 3.5 at 2000 tokens, 2.5 at 4000: crosses at 3000 (3 s)
+    fast = _run(tmp_path, "fast", _records([1000.0] * 4, vals={20: 3.5, 40: 2.5}), 40, 40)
+    fast["variant"] = ["model.sink=false"]
+    slow = _run(tmp_path, "slow", _records([1000.0] * 4, vals={20: 3.8, 40: 3.2}), 40, 40)
+    rows, table = report_architecture.screen_report({"screen-fast": fast, "screen-slow": slow}, target,
+                                                    ["screen-fast", "screen-slow", "screen-missing"])
+    assert rows[0]["crossing_tokens"] == 3000 and rows[0]["tokens_ratio"] == pytest.approx(3000 / 8000)
+    assert rows[0]["crossing_train_s"] == pytest.approx(3.0) and rows[0]["time_ratio"] == pytest.approx(3 / 16)
+    assert rows[1]["crossing_tokens"] is None and rows[1]["last_val_loss"] == 3.2
+    assert rows[2]["ended"] == "no result"
+    assert "model.sink=false" in table and "not reached" in table and "commit abcdef0" in table
+    gpt2 = _run(tmp_path, "gpt2", _records([500.0] * 8, vals={80: 2.9}), 80, 80)
+    gpt2["final_val_loss"] = 2.9
+    own = report_architecture.screen_target({"gpt2": gpt2}, record)  # the work folder's own gpt2 run wins
+    assert own["final_val_loss"] == 2.9 and own["budget_tokens"] == 8000 and own["train_s"] == pytest.approx(16.0)
+    assert report_architecture.screen_target({}, tmp_path / "absent.json") is None

@@ -14,6 +14,11 @@ Subcommands, each its own process, so that one device call runs them in turn und
                          (--warm: only compile, on random ids, so the timed run's compile is a cache hit)
   report                 WORK/results.json + the runs' metrics.jsonl -> OUT_DIR/architecture.json (merged
                          with the metrics a previous part already wrote there) and a markdown table
+  screen --name N ...    tscale variants (each a `convergence --arch tscale --name N --tscale-set ...` run)
+                         against gpt2's final loss: of this work folder's gpt2 run, else of --target-record
+                         (a recorded run of the same protocol), so that several variants fit one device call
+                         without training gpt2 again -> WORK/screen.json and a markdown table; never the
+                         headline record
 
 Protocol (docs/architecture.md): both models see the same windows of the benchmark corpus in the
 same order (same seed, 32 x 1024 tokens a step), one pass, and are scored on the same fixed
@@ -146,8 +151,11 @@ def cmd_warmup(args, s: Scale) -> None:
 def cmd_convergence(args, s: Scale) -> None:
     from train_runs import stop_at_val_loss, train
 
+    from report_architecture import screen_target
+
     results = Results(args.work)
-    run_dir = args.work / "runs" / args.arch
+    name = args.name or args.arch
+    run_dir = args.work / "runs" / name
     if run_dir.exists():
         import shutil
 
@@ -155,11 +163,12 @@ def cmd_convergence(args, s: Scale) -> None:
     overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio, args.tscale_set)
     hook = None
     if args.arch == "tscale" and not args.beside:
-        gpt2 = results.load().get("gpt2")
-        if not gpt2 or gpt2.get("final_val_loss") is None:
-            sys.exit("architecture: run `convergence --arch gpt2` first (its final val loss is the target)")
+        target = screen_target(results.load(), args.target_record)
+        if target is None:
+            sys.exit("architecture: run `convergence --arch gpt2` first (its final val loss is the target), or name "
+                     "a recorded one with --target-record")
         every = int(next(o for o in overrides if o.startswith("train.eval_every=")).split("=")[1])
-        hook = stop_at_val_loss(run_dir, gpt2["final_val_loss"], every)
+        hook = stop_at_val_loss(run_dir, target["final_val_loss"], every)
     limit = _time_left(args.deadline, margin=25 if args.arch == "tscale" else 10)
     if limit:
         overrides.append(f"train.time_limit_s={limit:.0f}")
@@ -171,8 +180,8 @@ def cmd_convergence(args, s: Scale) -> None:
     outcome.update(config=s.configs[args.arch], overrides=overrides, variant=list(args.tscale_set),
                    final_val_loss=vals[-1][1] if vals else None,
                    steps=records[-1]["step"], planned_steps=_planned_steps(overrides))
-    results.put(args.arch, outcome)
-    print(f"convergence {args.arch}: {outcome['ended']}; {outcome['steps']} steps, last val loss "
+    results.put(name, outcome)
+    print(f"convergence {name}: {outcome['ended']}; {outcome['steps']} steps, last val loss "
           f"{outcome['final_val_loss']}, {outcome['wall_s']:.0f} s", flush=True)
 
 
@@ -248,9 +257,21 @@ def cmd_report(args, s: Scale) -> None:
     print(f"wrote {path}")
 
 
+def cmd_screen(args, s: Scale) -> None:
+    from report_architecture import screen_report, screen_target
+
+    results = Results(args.work).load()
+    target = screen_target(results, args.target_record)
+    if target is None:
+        sys.exit("architecture screen: no target: no gpt2 run in the work folder and no usable --target-record")
+    rows, table = screen_report(results, target, args.name_list)
+    (args.work / "screen.json").write_text(json.dumps({"target": target, "runs": rows}, indent=1) + "\n")
+    print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["warmup", "convergence", "attention", "report"])
+    ap.add_argument("command", choices=["warmup", "convergence", "attention", "report", "screen"])
     ap.add_argument("--arch", choices=["gpt2", "tscale"])
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "issue3", help="work folder (results.json, runs/)")
     ap.add_argument("--tokens", type=Path, help="token folder of the benchmark corpus [WORK/tokens]")
@@ -270,6 +291,12 @@ def main() -> None:
     ap.add_argument("--tscale-set", action="append", default=[], metavar="KEY=VALUE",
                     help="warmup / convergence --arch tscale: one more setting of the tscale run (repeatable), e.g. "
                          "model.sink=false, to time a variant against gpt2's run; the report names it")
+    ap.add_argument("--name", action="append", default=[], metavar="NAME",
+                    help="convergence --arch tscale: the run's name in results.json and runs/ [tscale]; screen: the "
+                         "runs to report (repeatable)")
+    ap.add_argument("--target-record", type=Path,
+                    help="convergence --arch tscale / screen: where the work folder has no gpt2 run, take its final "
+                         "loss, training time and budget from this architecture.json (same protocol and corpus)")
     ap.add_argument("--verbose", action="store_true", help="show the training progress lines")
     args = ap.parse_args()
     s = TINY if args.tiny else FULL
@@ -285,10 +312,18 @@ def main() -> None:
     args.tscale_set = tuple(args.tscale_set)
     if args.tscale_set and args.arch != "tscale":
         ap.error("--tscale-set applies to `warmup` / `convergence --arch tscale` only")
+    args.name_list = args.name
+    if args.command == "screen" and not args.name_list:
+        ap.error("screen needs --name for each run to report")
+    if args.command != "screen" and len(args.name) > 1:
+        ap.error("--name is given once, except for screen")
+    if args.name and args.command == "convergence" and args.arch != "tscale":
+        ap.error("--name applies to `convergence --arch tscale` (gpt2's run is the target, named gpt2)")
+    args.name = args.name[0] if args.name and args.command != "screen" else None
     if args.beside and not (args.command == "convergence" and args.arch == "tscale"):
         ap.error("--beside applies to `convergence --arch tscale` only (gpt2's run always trains its whole budget)")
     {"warmup": cmd_warmup, "convergence": cmd_convergence, "attention": cmd_attention,
-     "report": cmd_report}[args.command](args, s)
+     "report": cmd_report, "screen": cmd_screen}[args.command](args, s)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 3's measurements ("optimized transformer") in two device calls of at most ~9 minutes each.
 #
-#   scripts/bench/issue3_gpu.sh 1|1x2|2 [--tiny]
+#   scripts/bench/issue3_gpu.sh 1|1x2|2|screen [--tiny]
 #
 # Run from the repository root with the package built. Both parts tokenize the benchmark corpus
 # (mix.jsonl.xz + code-slice.jsonl.xz, GPT-2 BPE) into $WORK/tokens unless it is there already.
@@ -11,6 +11,10 @@
 #           its whole schedule (the crossing read from its curve); each pinned to its half of the
 #           cores, no warm-ups (the report counts each run's first log interval, its compile, at
 #           the next interval's rate).
+#   Screen: tscale variants one after another (ISSUE3_SCREEN), each stopping when it reaches the final val
+#           loss of gpt2's recorded run (docs/bench/architecture.json, same protocol and corpus; gpt2 is not
+#           trained again), the first variant's compile warm-up beside tokenizing; a table of where each
+#           crossed, in tokens and training seconds, to $OUT/screen.md and screen.json (never docs/bench).
 #   Part 2: attention cost of one training step at T = 1024 and 4096 (its compile warm-up runs
 #           beside tokenizing), through the default op and through FlashAttention-2
 #           (train.attention = "fa2", reported as attention_fa2_*), then the ablation table.
@@ -25,6 +29,8 @@
 #      ISSUE3_WORK      work folder, git-ignored (default .cache/issue3)
 #      ISSUE3_ABLATION_TOKENS  training tokens per ablation variant (default 12e6)
 #      OUT              folder whose files come back from the device (default $WORK/out)
+#      ISSUE3_SCREEN    screen: the variants, ';'-separated, each NAME=SETTINGS with SETTINGS space-separated
+#                       (e.g. "base=;nosink=model.sink=false;tied=model.tie_embeddings=true")
 #      ISSUE3_TSCALE_SET  parts 1 and 1x2: settings of the tscale run, space-separated (e.g. "model.sink=false"),
 #                       to measure a variant against gpt2's run; the report names them and goes to $WORK/bench
 #                       (and $OUT), not docs/bench
@@ -125,6 +131,36 @@ elif [ "$part" = 1x2 ]; then
       "${common[@]}" "${variant[@]}" || say "tscale run failed" ) & run_tscale=$!
   wait "$run_gpt2" "$run_tscale"  # a bare wait would also wait for the log's tee
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
+elif [ "$part" = screen ]; then
+  IFS=';' read -ra screen <<< "${ISSUE3_SCREEN:?screen: set ISSUE3_SCREEN, e.g. \"base=;nosink=model.sink=false\"}"
+  names=()
+  for entry in "${screen[@]}"; do
+    name=${entry%%=*}
+    [[ "$name" =~ ^[A-Za-z0-9_-]+$ && "$entry" == *=* ]] \
+      || { echo "issue3_gpu.sh: ISSUE3_SCREEN entry '$entry' must be NAME=SETTINGS (NAME of letters, digits, _ and -)" >&2; exit 2; }
+    names+=(--name "screen-$name")
+  done
+  target=(--target-record docs/bench/architecture.json)
+  [ "$tiny" = "--tiny" ] && target=()  # tiny: no recorded target; train gpt2 first, as part 1 does
+  first=${screen[0]#*=}
+  sets=(); for setting in $first; do sets+=(--tscale-set "$setting"); done
+  say "warm-up of the first variant beside tokenizing"
+  TORCHINDUCTOR_COMPILE_THREADS=8 python $bench/architecture.py warmup --arch tscale "${common[@]}" "${sets[@]}" \
+    > "$work/logs/warm-tscale.log" 2>&1 & warm_tscale=$!
+  tokenize
+  wait "$warm_tscale" || say "warm-up failed (see $work/logs/warm-tscale.log): the first variant compiles cold"
+  if [ "$tiny" = "--tiny" ]; then
+    bounded python $bench/architecture.py convergence --arch gpt2 "${common[@]}" || say "gpt2 run failed"
+  fi
+  for entry in "${screen[@]}"; do
+    name=${entry%%=*}
+    sets=(); for setting in ${entry#*=}; do sets+=(--tscale-set "$setting"); done
+    say "variant $name: ${entry#*=}"
+    bounded python $bench/architecture.py convergence --arch tscale --name "screen-$name" "${target[@]}" \
+      "${common[@]}" "${sets[@]}" || say "variant $name failed"
+  done
+  python $bench/architecture.py screen --work "$work" "${target[@]}" "${names[@]}" "${flags[@]}" | tee "$out/screen.md"
+  cp "$work/screen.json" "$out/" 2>/dev/null || true
 elif [ "$part" = 2 ]; then
   say "attention compile warm-up beside tokenizing"
   TORCHINDUCTOR_COMPILE_THREADS=8 python $bench/architecture.py attention --warm "${common[@]}" \
@@ -144,7 +180,7 @@ elif [ "$part" = 2 ]; then
   python $bench/ablation.py report "${report[@]}" | tee "$out/ablation.md"
   python $bench/architecture.py report "${report[@]}" | tee "$out/architecture.md"
 else
-  echo "issue3_gpu.sh: PART must be 1, 1x2 or 2 (got $part)" >&2
+  echo "issue3_gpu.sh: PART must be 1, 1x2, screen or 2 (got $part)" >&2
   exit 2
 fi
 say "finished in $(( $(date +%s) - start )) s"

@@ -216,6 +216,65 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str, d
     return metrics, "\n\n".join([text, *others]), markdown_table(metrics), keep_header
 
 
+def screen_target(results: dict, record: Path | None) -> dict | None:
+    """What tscale variants are screened against: gpt2's run of this work folder, else the recorded one of the
+    same protocol (an architecture.json's gpt2_final_val_loss, gpt2_train_s, gpt2_budget_tokens); None if neither."""
+    gpt2 = results.get("gpt2")
+    if gpt2 and gpt2.get("final_val_loss") is not None:
+        g = _run_summary(gpt2)
+        return {"final_val_loss": gpt2["final_val_loss"], "train_s": g["train_s"], "budget_tokens": g["tokens"],
+                "source": "gpt2's run in this work folder"}
+    if record is None or not record.is_file():
+        return None
+    saved = json.loads(record.read_text())
+    m = saved.get("metrics", {})
+    if not all(k in m for k in ("gpt2_final_val_loss", "gpt2_train_s", "gpt2_budget_tokens")):
+        return None
+    return {"final_val_loss": m["gpt2_final_val_loss"], "train_s": m["gpt2_train_s"],
+            "budget_tokens": m["gpt2_budget_tokens"],
+            "source": f"gpt2's recorded run ({record.name}, {saved.get('date')}, commit {str(saved.get('commit'))[:7]})"}
+
+
+def screen_report(results: dict, target: dict, names: list[str]) -> tuple[list[dict], str]:
+    """Each named tscale run against the target: (rows, markdown table). A row: the run's settings, where its
+    validation loss crossed the target (tokens, training seconds, both as a fraction of gpt2's), its rate and its
+    last evaluation; crossing None when it never got there."""
+    rows = []
+    for name in names:
+        entry = results.get(name)
+        if not entry:
+            rows.append({"name": name, "settings": None, "ended": "no result"})
+            continue
+        t = _run_summary(entry)
+        crossed = curves.crossing(t["val"], target["final_val_loss"]) if t["val"] else None
+        seconds = _time_at(t["times"], crossed) if crossed is not None else None
+        rows.append({
+            "name": name, "settings": entry.get("variant", []), "ended": entry.get("ended"),
+            "crossing_tokens": round(crossed) if crossed is not None else None,
+            "tokens_ratio": round(crossed / target["budget_tokens"], 4) if crossed is not None else None,
+            "crossing_train_s": round(seconds, 1) if seconds is not None else None,
+            "time_ratio": round(seconds / target["train_s"], 4) if seconds is not None else None,
+            "tokens_per_s": round(t["tokens_per_s"]),
+            "last_tokens": t["val"][-1][0] if t["val"] else 0,
+            "last_val_loss": round(t["val"][-1][1], 4) if t["val"] else None,
+        })
+    lines = [f"Target: val loss {target['final_val_loss']:.4f} after {target['budget_tokens'] / 1e6:.2f}M tokens and "
+             f"{target['train_s']:.1f} s of training ({target['source']}).", "",
+             "| run | settings | tokens to the target (of B) | training s (of gpt2's) | tokens/s | last val loss |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        settings = " ".join(r["settings"]) if r["settings"] else ("(none)" if r["settings"] is not None else "")
+        if r.get("crossing_tokens") is not None:
+            reached = (f"{r['crossing_tokens'] / 1e6:.2f}M ({r['tokens_ratio']:.3f})",
+                       f"{r['crossing_train_s']:.1f} ({r['time_ratio']:.3f})")
+        else:
+            reached = (f"not reached ({r['ended']})", "")
+        last = f"{r['last_val_loss']} at {r['last_tokens'] / 1e6:.2f}M" if r.get("last_val_loss") is not None else ""
+        lines.append(f"| {r['name']} | {settings} | {reached[0]} | {reached[1]} | {r.get('tokens_per_s', '')} | "
+                     f"{last} |")
+    return rows, "\n".join(lines)
+
+
 def markdown_table(metrics: dict) -> str:
     lines = ["| metric | value | target | met |", "|---|---:|---|---|"]
     for key, (target, test) in METRIC_TARGETS.items():
