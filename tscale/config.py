@@ -148,6 +148,11 @@ class TrainConfig(_Section):
     # small enough to be reused (a 50,257-token head's loss about 2.4x faster than the logits path on 2 cores);
     # the logits path elsewhere and when false (docs/BENCHMARKS.md)
     loss_kernel: bool = True
+    # the tscale architecture's attention inputs from its qkv product in one CUDA pass each way (QK norm, RoPE, the
+    # casts and v's copy; tscale/ops/qkv_prep.py) where it serves (bf16 on a GPU, RMS or no QK norm, RoPE, head
+    # dimension 64 or 128); the model's own ops, which torch.compile fuses, elsewhere and when false. Off until its
+    # training rate is measured (scripts/bench/qkv_prep_speed.py times it alone)
+    qkv_kernel: bool = False
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)
     ckpt_every: int = Field(500, ge=0)

@@ -27,7 +27,8 @@ tscale_cudnn_bucket64 adds cuDNN with the batch's run count padded to a multiple
 (TSCALE_RUN_BUCKET=64), tscale.ops.doc_runs' earlier bucket, against the default of 8; --also
 tscale_eager_step / tscale_cudnn_eager_step add tscale (with cuDNN) with `optim.compile_step = false` (Muon's
 eager update; on a GPU the default compiles it); tscale_nosink / tscale_cudnn_nosink with `model.sink = false`
-(no null slot, so none of its gating passes). --seq-len T
+(no null slot, so none of its gating passes); tscale_qkv / tscale_cudnn_qkv with `train.qkv_kernel = true` (the
+fused attention-input kernel). --seq-len T
 trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 --rounds N runs every preset N times, the order reversed every other round (the GPU's clock drifts over
@@ -65,21 +66,23 @@ ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
          "tscale_logits_loss": "configs/tscale-124m.toml", "tscale_sdpa": "configs/tscale-124m.toml",
          "tscale_cudnn_bucket64": "configs/tscale-124m.toml", "tscale_eager_step": "configs/tscale-124m.toml",
          "tscale_cudnn_eager_step": "configs/tscale-124m.toml", "tscale_nosink": "configs/tscale-124m.toml",
-         "tscale_cudnn_nosink": "configs/tscale-124m.toml"}
+         "tscale_cudnn_nosink": "configs/tscale-124m.toml", "tscale_qkv": "configs/tscale-124m.toml",
+         "tscale_cudnn_qkv": "configs/tscale-124m.toml"}
 EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
          "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_logits_loss": ["train.loss_kernel=false"],
          "tscale_logits_loss": ["train.loss_kernel=false"],
          "tscale_sdpa": ["model.window=0", "model.doc_mask=false", "model.sink=false"],
          "tscale_cudnn_bucket64": ['train.attention="cudnn"'], "tscale_eager_step": ["optim.compile_step=false"],
          "tscale_cudnn_eager_step": ['train.attention="cudnn"', "optim.compile_step=false"],
-         "tscale_nosink": ["model.sink=false"], "tscale_cudnn_nosink": ['train.attention="cudnn"', "model.sink=false"]}
+         "tscale_nosink": ["model.sink=false"], "tscale_cudnn_nosink": ['train.attention="cudnn"', "model.sink=false"],
+         "tscale_qkv": ["train.qkv_kernel=true"], "tscale_cudnn_qkv": ['train.attention="cudnn"', "train.qkv_kernel=true"]}
 # environment a preset runs in; tscale_cudnn_bucket64: run counts padded to 64, tscale.ops.doc_runs' earlier bucket
 ENV = {"tscale_sdpa": {"TSCALE_ATTENTION": "sdpa"}, "tscale_cudnn_bucket64": {"TSCALE_RUN_BUCKET": "64"}}
 ORDER = ("gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale", *(f"tscale_{alt}" for alt in ALTERNATIVES),
          "tscale_fused_loss", "tscale_sdpa", "tscale_cudnn_bucket64", "tscale_eager_step",
-         "tscale_cudnn_eager_step", "tscale_nosink", "tscale_cudnn_nosink")
+         "tscale_cudnn_eager_step", "tscale_nosink", "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv")
 ALSO = ("tscale_cudnn_bucket64", "tscale_eager_step", "tscale_cudnn_eager_step", "tscale_nosink",
-        "tscale_cudnn_nosink")  # presets --also adds
+        "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv")  # presets --also adds
 
 
 @contextlib.contextmanager
@@ -145,7 +148,8 @@ def main() -> None:
                     help="also tscale_sdpa: every layer global, no document mask or sink, causal SDPA")
     ap.add_argument("--also", nargs="+", default=[], choices=ALSO,
                     help="also these presets (tscale_cudnn_bucket64: cuDNN with run counts padded to 64; "
-                         "*eager_step: with optim.compile_step = false; *nosink: with model.sink = false)")
+                         "*eager_step: with optim.compile_step = false; *nosink: with model.sink = false; *qkv: with "
+                         "train.qkv_kernel = true)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every preset this many times, the order reversed every other round; record the mean")
     ap.add_argument("--seq-len", type=int, default=1024,

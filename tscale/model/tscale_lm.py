@@ -26,8 +26,10 @@ from tscale.model.loss import head_mean_loss, run_tail
 from tscale.ops.attention import attention
 from tscale.ops.attention_runs import attention_over_runs
 from tscale.ops.doc_runs import DocRuns
+from tscale.ops.qkv_prep import kernel_serves, qkv_prep
 
 VOCAB_MULTIPLE = 64
+NORM_EPS = 1e-6  # the gain-free normalisations' epsilon (QK norm, the embedding's)
 
 
 def layer_window(cfg: ModelConfig, layer: int) -> int:
@@ -45,7 +47,7 @@ def _norm(cfg: ModelConfig, dim: int) -> nn.Module:
 
 def _plain_norm(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
     """Normalisation without learned gains over the last dimension."""
-    return F.rms_norm(x, (x.shape[-1],), eps=1e-6) if cfg.norm == "rms" else F.layer_norm(x, (x.shape[-1],))
+    return F.rms_norm(x, (x.shape[-1],), eps=NORM_EPS) if cfg.norm == "rms" else F.layer_norm(x, (x.shape[-1],))
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,22 +76,33 @@ class Attention(nn.Module):
         inner = cfg.n_head * cfg.head_dim
         self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=cfg.bias)
         self.proj = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
+        self.qkv_kernel = False  # train.qkv_kernel: the fused attention-input kernel where it serves
 
     def forward(self, x: torch.Tensor, rope: tuple | None, doc_ids: torch.Tensor | None, layer: int,
                 cache: KVCache | None, runs: DocRuns | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         H, D = self.n_head, self.head_dim
-        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # 3 x (B, T, H, D)
-        if self.cfg.qk_norm:
-            q, k = _plain_norm(self.cfg, q), _plain_norm(self.cfg, k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
+        qkv = self.qkv(x).view(B, T, 3, H, D)  # (B, T, 3, H, D)
+        if self._fused_inputs(qkv, rope, cache):  # norm, rotation and casts in one pass (tscale/ops/qkv_prep.py)
+            q, k, v = qkv_prep(qkv, rope[0][:, 0], rope[1][:, 0], NORM_EPS, self.cfg.qk_norm, True)  # 3 x (B, T, H, D)
+        else:
+            q, k, v = qkv.unbind(2)  # 3 x (B, T, H, D)
+            if self.cfg.qk_norm:
+                q, k = _plain_norm(self.cfg, q), _plain_norm(self.cfg, k)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = q.to(v.dtype), k.to(v.dtype)  # autocast runs the norms in float32; attention runs in v's dtype
         if runs is not None and runs.serves(self.window):  # FlashAttention-2 or cuDNN over the batch's runs
             y = attention_over_runs(q, k, v, runs, window=self.window, sink=self.cfg.sink, scale=D ** -0.5)
         else:
             y = self._attend(q, k, v, doc_ids, layer, cache).transpose(1, 2)  # (B, T, H, D)
         return F.dropout(self.proj(y.reshape(B, T, H * D)), self.cfg.dropout, self.training)
+
+    def _fused_inputs(self, qkv: torch.Tensor, rope: tuple | None, cache: KVCache | None) -> bool:
+        """Whether qkv_prep's kernel makes this training step's q, k, v: train.qkv_kernel, RoPE on, RMS (or no)
+        QK normalisation, and inputs the kernel takes (CUDA, bf16, head dimension 64 or 128)."""
+        return (self.qkv_kernel and cache is None and rope is not None
+                and (not self.cfg.qk_norm or self.cfg.norm == "rms") and kernel_serves(qkv, rope[0]))
 
     def _attend(self, q, k, v, doc_ids, layer: int, cache: KVCache | None) -> torch.Tensor:
         """tscale.ops.attention on q, k, v (B, T, H, D), through the KV cache when decoding -> (B, H, T, D)."""
@@ -178,6 +191,11 @@ class TScaleLM(nn.Module):
                 nn.init.zeros_(block.mlp.proj.weight)
             if not self.cfg.tie_embeddings:
                 nn.init.zeros_(self.lm_head.weight)
+
+    def use_qkv_kernel(self, on: bool) -> None:
+        """train.qkv_kernel: every layer's q, k, v from the fused kernel where it serves (Attention._fused_inputs)."""
+        for block in self.blocks:
+            block.attn.qkv_kernel = on
 
     def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
         c = self.cfg

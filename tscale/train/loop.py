@@ -187,6 +187,15 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         raise UserError(f"train.compile_block_once: this torch ({torch.__version__}) has no "
                         f"torch.compiler.nested_compile_region; set train.compile_block_once = false")
     model.compile_block_once = cfg.train.compile_block_once  # traced once, reused by every block (block_region.py)
+    if cfg.train.qkv_kernel:
+        if not hasattr(model, "use_qkv_kernel"):
+            raise UserError(f'train.qkv_kernel applies to the tscale architecture (model.arch is "{cfg.model.arch}"): '
+                            f"set train.qkv_kernel = false")
+        if cfg.train.compile_block_once and device.type == "cuda" and not block_region.HOLDS_AUTOGRAD_FUNCTIONS:
+            raise UserError(f"train.qkv_kernel with train.compile_block_once needs torch >= 2.13 (this torch, "
+                            f"{torch.__version__}, cannot compile the kernel's autograd function once per block): set "
+                            f"one of them to false")
+        model.use_qkv_kernel(True)
     converted = convert_linears_as_configured(model, cfg.precision)
     traced = bool(converted) and model.get_submodule(converted[0]).recipe.in_graph  # one recipe for every layer
     if cfg.train.compile_block_once and traced and not block_region.HOLDS_AUTOGRAD_FUNCTIONS:
