@@ -6,7 +6,7 @@ sqrt(max(1, rows / cols)); decoupled weight decay. The embedding, the head and v
 gains, biases) take AdamW steps with their own rates.
 
 Why fp16 rather than bf16 for the iteration: tensor cores run both at one rate, and fp16's three
-more mantissa bits bring the update about 5x closer to the float32 iteration (scripts/bench/
+more mantissa bits bring the update about 7x closer to the float32 iteration (scripts/bench/
 muon_profile.py measures it). Its range suffices because every value is bounded: each matrix is
 normalised (in its own dtype, before the cast) to Frobenius norm 1, so x x^T and its square have
 entries of at most 1 and the polynomial at most |a| + |b| + |c| < 11.
