@@ -27,12 +27,14 @@ from tscale.model.tscale_lm import _plain_norm, apply_rope, rope_tables  # noqa:
 from tscale.ops.qkv_prep import kernel_serves, qkv_prep  # noqa: E402
 
 
+CFG = ModelConfig(arch="tscale", norm="rms")  # what _plain_norm reads: RMS
+
+
 def model_path(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """tscale_lm.Attention's steps from the product to attention's inputs (bf16 autocast, as in training)."""
-    cfg = ModelConfig(arch="tscale", norm="rms")
     q, k, v = qkv.unbind(2)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        q, k = _plain_norm(cfg, q), _plain_norm(cfg, k)
+        q, k = _plain_norm(CFG, q), _plain_norm(CFG, k)
         q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     return q.to(v.dtype), k.to(v.dtype), v.contiguous()
 
