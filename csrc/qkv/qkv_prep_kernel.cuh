@@ -101,10 +101,12 @@ qkv_prep_kernel(const uint32_t* qkv, const float* cos, const float* sin, uint32_
   if (w >= rows) return;  // the whole warp: every lane has the same w
   const RowAt at(w, H, T);
   uint32_t* outs[2] = {q, k};
+  float xs[2][E];  // both rows loaded before either is worked on: their loads overlap
+#pragma unroll
+  for (int p = 0; p < 2; ++p) load_row<E>(qkv + at.in(p, H, words), lane, xs[p]);
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
-    float x[E];
-    load_row<E>(qkv + at.in(p, H, words), lane, x);
+    float (&x)[E] = xs[p];
     if (norm) normalise<E>(x, eps);
     if (rope) {
       const float* c = cos + at.pos * D + lane * E;
@@ -131,10 +133,15 @@ qkv_prep_backward_kernel(const uint32_t* dq, const uint32_t* dk, const uint32_t*
   if (w >= rows) return;
   const RowAt at(w, H, T);
   const uint32_t* grads[2] = {dq, dk};
+  float gs[2][E], xs[2][E];  // every row this warp reads, loaded before any is worked on: the loads overlap
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
-    float g[E];
-    load_row<E>(grads[p] + at.out(H, words), lane, g);
+    load_row<E>(grads[p] + at.out(H, words), lane, gs[p]);
+    if (norm) load_row<E>(qkv + at.in(p, H, words), lane, xs[p]);
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    float (&g)[E] = gs[p];
     if (rope) {  // through the rotation: dy cos + roll(dy sin, D / 2)
       const float* c = cos + at.pos * D + lane * E;
       const float* s = sin + at.pos * D + lane * E;
@@ -145,8 +152,7 @@ qkv_prep_backward_kernel(const uint32_t* dq, const uint32_t* dk, const uint32_t*
       }
     }
     if (norm) {  // through the normalisation, from the input row again
-      float x[E];
-      load_row<E>(qkv + at.in(p, H, words), lane, x);
+      float (&x)[E] = xs[p];
       const float r = normalise<E>(x, eps);
       float dot = 0.f;
 #pragma unroll
