@@ -151,7 +151,7 @@ qkv_prep_backward_kernel(const uint32_t* dq, const uint32_t* dk, const uint32_t*
         g[j] = g[j] * c[j] + partner;
       }
     }
-    if (norm) {  // through the normalisation, from the input row again
+    if (norm) {  // through the normalisation, its factor recomputed from the input row
       float (&x)[E] = xs[p];
       const float r = normalise<E>(x, eps);
       float dot = 0.f;
