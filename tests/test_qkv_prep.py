@@ -168,7 +168,8 @@ def test_model_keeps_its_own_path_where_the_op_cannot_serve(monkeypatch):
     assert not on["layer"][0]._fused_inputs(qkv, on["layer"][1], None)
 
 
-def test_training_refuses_qkv_kernel_for_gpt2(tmp_path):
+def test_training_takes_qkv_kernel_for_tscale_and_refuses_it_for_gpt2(tmp_path):
+    """A tscale run with the option trains (on a CPU through the model's own ops); a gpt2 run gets a one-line error."""
     from tscale.config import load_config
     from tscale.data.tokenize import tokenize_corpus
     from tscale.errors import UserError
@@ -177,10 +178,13 @@ def test_training_refuses_qkv_kernel_for_gpt2(tmp_path):
     src = tmp_path / "text.txt"
     src.write_text("a b c d e f g h i j k l m n o p\n" * 200)
     tokenize_corpus([src], tmp_path / "tokens", vocab_size=300, quiet=True)
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.toml",
-                      [f'data.tokens="{tmp_path / "tokens"}"', "train.steps=1", "train.qkv_kernel=true"])
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    sets = [f'data.tokens="{tmp_path / "tokens"}"', "train.steps=2", "train.batch_size=2", "model.seq_len=32",
+            "train.eval_every=0", "train.ckpt_every=0", "train.qkv_kernel=true"]
+    train_run(load_config(configs / "tscale-tiny-cpu.toml", sets), tmp_path / "tscale", quiet=True)
+    assert (tmp_path / "tscale" / "metrics.jsonl").read_text().strip()
     with pytest.raises(UserError, match="train.qkv_kernel applies to the tscale architecture"):
-        train_run(cfg, tmp_path / "run", quiet=True)
+        train_run(load_config(configs / "tiny-cpu.toml", sets), tmp_path / "gpt2", quiet=True)
 
 
 @pytest.mark.cuda
