@@ -8,9 +8,9 @@
 #
 # Builds the package and tokenizes mix + code slice (step_bench_prelude.sh), then, until SECONDS (default 570) after
 # the start: tests/test_qkv_prep.py (its CUDA cases against the reference twin and under torch.compile, and the
-# model with the kernel against its own path), scripts/bench/qkv_prep_speed.py (OUT_DIR/qkv_prep.json), and
-# scripts/bench/arch_speed.py --attention cudnn --also tscale_qkv tscale_cudnn_qkv at 4,096 and then 1,024 tokens a
-# window (OUT_DIR/T4096/architecture.json, OUT_DIR/architecture.json).
+# model with the kernel against its own path), scripts/bench/qkv_prep_speed.py (OUT_DIR/qkv_prep.json), and the
+# prelude's cudnn_rates with tscale_qkv and tscale_cudnn_qkv at 4,096 and then 1,024 tokens a window
+# (OUT_DIR/T4096/architecture.json, OUT_DIR/architecture.json).
 set -u -o pipefail
 OUT=${1:?usage: qkv_runs.sh OUT_DIR [SECONDS]}
 [ -d .devdata/data ] || cp -r .devdata/sub .devdata/data
@@ -19,11 +19,5 @@ timeout "$(left)" python3 -m pytest -q -rfE tests/test_qkv_prep.py > "$OUT/logs/
 echo "tests: $(tail -1 "$OUT/logs/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head
 timeout "$(left)" python3 scripts/bench/qkv_prep_speed.py --out-dir "$OUT" 2>&1 | tee "$OUT/logs/qkv_prep_speed.log" \
   | grep -E "forward|speedup|Error|error"
-for T in 4096 1024; do
-  dir=$OUT; [ $T = 4096 ] && dir=$OUT/T4096
-  mkdir -p "$dir" && cp docs/bench/architecture.json "$dir/"
-  timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --attention cudnn \
-    --also tscale_qkv tscale_cudnn_qkv --seq-len $T --steps 20 --warmup 10 --out-dir "$dir" 2>&1 \
-    | tee "$OUT/logs/arch_speed_T$T.log" | grep -E "tokens/s|tscale / gpt2|Error|error"
-done
+for T in 4096 1024; do cudnn_rates $T tscale_qkv tscale_cudnn_qkv; done
 true

@@ -18,20 +18,14 @@ set -u -o pipefail
 OUT=${1:?usage: throughput_runs.sh OUT_DIR [SECONDS] [PRESET ...]}
 source scripts/device/step_bench_prelude.sh "$OUT" "${2:-570}" || exit 1
 extra=("${@:3}")
-also=(); [ ${#extra[@]} -gt 0 ] && also=(--also "${extra[@]}")
 for part in ${PARTS:-profile speed4096 speed}; do
   case $part in
     profile)
       timeout "$(left)" python3 scripts/bench/arch_profile.py $tok --archs gpt2 tscale_cudnn "${extra[@]}" --rounds 2 \
         --seq-len 4096 --top 60 --products --out "$OUT/arch_profile_T4096.json" > "$OUT/logs/arch_profile_T4096.log" 2>&1
       echo "profile T 4096: exit $?"; grep -E "^== |ms per step|Error" "$OUT/logs/arch_profile_T4096.log" ;;
-    speed|speed4096)
-      T=1024 dir=$OUT
-      [ "$part" = speed4096 ] && T=4096 dir=$OUT/T4096
-      mkdir -p "$dir" && cp docs/bench/architecture.json "$dir/"
-      timeout "$(left)" python3 scripts/bench/arch_speed.py $tok --modes default --attention cudnn "${also[@]}" \
-        --seq-len $T --steps 20 --warmup 10 --out-dir "$dir" 2>&1 | tee "$OUT/logs/arch_speed_T$T.log" \
-        | grep -E "tokens/s|tscale / gpt2|Error|error" ;;
+    speed) cudnn_rates 1024 "${extra[@]}" ;;
+    speed4096) cudnn_rates 4096 "${extra[@]}" ;;
     *) echo "throughput_runs.sh: unknown part '$part' (profile, speed4096, speed)"; exit 2 ;;
   esac
 done
