@@ -62,8 +62,10 @@ exec > >(tee -a "$out/issue3-part$part.log") 2>&1
 tee_pid=$!
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/$work/inductor
 common=(--work "$work" --deadline "$deadline" "${flags[@]}")
-variant=()
-for setting in ${ISSUE3_TSCALE_SET:-}; do variant+=(--tscale-set "$setting"); done
+# as_tscale_sets "KEY=VALUE ...": the array sets=(--tscale-set KEY=VALUE ...), one per space-separated setting
+as_tscale_sets() { sets=(); local setting; for setting in $1; do sets+=(--tscale-set "$setting"); done; }
+as_tscale_sets "${ISSUE3_TSCALE_SET:-}"
+variant=("${sets[@]}")
 report=(--work "$work" --out-dir "$records" "${flags[@]}")
 
 say() { echo "[issue3 part $part +$(( $(date +%s) - start ))s] $*"; }
@@ -142,8 +144,7 @@ elif [ "$part" = screen ]; then
   done
   target=(--target-record docs/bench/architecture.json)
   [ "$tiny" = "--tiny" ] && target=()  # tiny: no recorded target; train gpt2 first, as part 1 does
-  first=${screen[0]#*=}
-  sets=(); for setting in $first; do sets+=(--tscale-set "$setting"); done
+  as_tscale_sets "${screen[0]#*=}"
   say "warm-up of the first variant beside tokenizing"
   TORCHINDUCTOR_COMPILE_THREADS=8 python $bench/architecture.py warmup --arch tscale "${common[@]}" "${sets[@]}" \
     > "$work/logs/warm-tscale.log" 2>&1 & warm_tscale=$!
@@ -154,7 +155,7 @@ elif [ "$part" = screen ]; then
   fi
   for entry in "${screen[@]}"; do
     name=${entry%%=*}
-    sets=(); for setting in ${entry#*=}; do sets+=(--tscale-set "$setting"); done
+    as_tscale_sets "${entry#*=}"
     say "variant $name: ${entry#*=}"
     bounded python $bench/architecture.py convergence --arch tscale --name "screen-$name" "${target[@]}" \
       "${common[@]}" "${sets[@]}" || say "variant $name failed"
