@@ -150,8 +150,8 @@ class TrainConfig(_Section):
     loss_kernel: bool = True
     # the tscale architecture's attention inputs from its qkv product in one CUDA pass each way (QK norm, RoPE, the
     # casts and v's copy; tscale/ops/qkv_prep.py) where it serves (bf16 on a GPU, RMS or no QK norm, RoPE, head
-    # dimension 64 or 128); the model's own ops, which torch.compile fuses, elsewhere and when false. Off until its
-    # training rate is measured (scripts/bench/qkv_prep_speed.py times it alone)
+    # dimension 64 or 128); the model's own ops, which torch.compile fuses, elsewhere and when false. Off:
+    # under torch.compile inductor's kernels for the same ops were faster inside the step (docs/BENCHMARKS.md)
     qkv_kernel: bool = False
     eval_every: int = Field(200, ge=0)
     eval_batches: int = Field(20, ge=1)
