@@ -1,7 +1,9 @@
 """The architecture benchmark's curve arithmetic: loss crossings, training time from metrics records, merging; attention timing."""
 
+import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -390,3 +392,32 @@ def test_screen_measures_variants_against_a_recorded_gpt2_run(tmp_path):
     own = report_architecture.screen_target({"gpt2": gpt2}, record)  # the work folder's own gpt2 run wins
     assert own["final_val_loss"] == 2.9 and own["budget_tokens"] == 8000 and own["train_s"] == pytest.approx(16.0)
     assert report_architecture.screen_target({}, tmp_path / "absent.json") is None
+
+
+def test_a_screen_at_another_length_never_takes_a_target_of_1024(tmp_path):
+    """--seq-len: the runs keep the tokens a step at the new length, the report records the length, and a screen's
+    target is gpt2's run or record of that length only (a record without convergence_seq_len is of 1024)."""
+    import architecture
+
+    scale = dataclasses.replace(architecture.FULL, seq_len=4096, batch_size=8)
+    overrides = architecture.run_overrides(scale, "gpt2", tmp_path, 0.5)
+    assert "model.seq_len=4096" in overrides and "train.batch_size=8" in overrides
+    record = tmp_path / "architecture.json"
+    record.write_text(json.dumps({"date": "2026-01-02", "commit": "abcdef012", "metrics": {
+        "gpt2_final_val_loss": 3.0, "gpt2_train_s": 16.0, "gpt2_budget_tokens": 8000}}))
+    assert report_architecture.screen_target({}, record)["final_val_loss"] == 3.0
+    assert report_architecture.screen_target({}, record, 4096) is None
+    gpt2 = _run(tmp_path, "gpt2", _records([1000.0] * 8, vals={40: 3.5, 80: 3.0}), 80, 80)
+    gpt2.update(final_val_loss=2.9, overrides=overrides)
+    assert report_architecture.screen_target({"gpt2": gpt2}, record, 4096)["final_val_loss"] == 2.9
+    assert report_architecture.screen_target({"gpt2": gpt2}, record)["final_val_loss"] == 3.0  # the T 1024 record
+    tscale = _run(tmp_path, "tscale", _records([2000.0] * 3, vals={10: 4.0, 20: 3.2, 30: 2.8}), 30, 40)
+    metrics, _ = report_architecture.convergence_part({"gpt2": gpt2, "tscale": tscale})
+    assert metrics["convergence_seq_len"] == 4096
+
+
+def test_seq_len_that_does_not_divide_the_step_is_refused(tmp_path):
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "architecture.py"
+    done = subprocess.run([sys.executable, str(bench), "screen", "--tiny", "--work", str(tmp_path), "--name", "a",
+                           "--seq-len", "48"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--seq-len 48: must divide the 128 tokens a step" in done.stderr

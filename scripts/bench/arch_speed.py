@@ -28,7 +28,8 @@ tscale_cudnn_bucket64 adds cuDNN with the batch's run count padded to a multiple
 tscale_eager_step / tscale_cudnn_eager_step add tscale (with cuDNN) with `optim.compile_step = false` (Muon's
 eager update; on a GPU the default compiles it); tscale_nosink / tscale_cudnn_nosink with `model.sink = false`
 (no null slot, so none of its gating passes); tscale_qkv / tscale_cudnn_qkv with `train.qkv_kernel = true` (the
-fused attention-input kernel). --seq-len T
+fused attention-input kernel); tscale_g6 / tscale_cudnn_g6 with `model.global_every = 6` (2 global layers of 12
+instead of 3). --seq-len T
 trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 --rounds N runs every preset N times, the order reversed every other round (the GPU's clock drifts over
@@ -67,7 +68,8 @@ ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
          "tscale_cudnn_bucket64": "configs/tscale-124m.toml", "tscale_eager_step": "configs/tscale-124m.toml",
          "tscale_cudnn_eager_step": "configs/tscale-124m.toml", "tscale_nosink": "configs/tscale-124m.toml",
          "tscale_cudnn_nosink": "configs/tscale-124m.toml", "tscale_qkv": "configs/tscale-124m.toml",
-         "tscale_cudnn_qkv": "configs/tscale-124m.toml"}
+         "tscale_cudnn_qkv": "configs/tscale-124m.toml", "tscale_g6": "configs/tscale-124m.toml",
+         "tscale_cudnn_g6": "configs/tscale-124m.toml"}
 EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
          "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_logits_loss": ["train.loss_kernel=false"],
          "tscale_logits_loss": ["train.loss_kernel=false"],
@@ -75,14 +77,16 @@ EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVE
          "tscale_cudnn_bucket64": ['train.attention="cudnn"'], "tscale_eager_step": ["optim.compile_step=false"],
          "tscale_cudnn_eager_step": ['train.attention="cudnn"', "optim.compile_step=false"],
          "tscale_nosink": ["model.sink=false"], "tscale_cudnn_nosink": ['train.attention="cudnn"', "model.sink=false"],
-         "tscale_qkv": ["train.qkv_kernel=true"], "tscale_cudnn_qkv": ['train.attention="cudnn"', "train.qkv_kernel=true"]}
+         "tscale_qkv": ["train.qkv_kernel=true"], "tscale_cudnn_qkv": ['train.attention="cudnn"', "train.qkv_kernel=true"],
+         "tscale_g6": ["model.global_every=6"], "tscale_cudnn_g6": ['train.attention="cudnn"', "model.global_every=6"]}
 # environment a preset runs in; tscale_cudnn_bucket64: run counts padded to 64, tscale.ops.doc_runs' earlier bucket
 ENV = {"tscale_sdpa": {"TSCALE_ATTENTION": "sdpa"}, "tscale_cudnn_bucket64": {"TSCALE_RUN_BUCKET": "64"}}
 ORDER = ("gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale", *(f"tscale_{alt}" for alt in ALTERNATIVES),
          "tscale_fused_loss", "tscale_sdpa", "tscale_cudnn_bucket64", "tscale_eager_step",
-         "tscale_cudnn_eager_step", "tscale_nosink", "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv")
+         "tscale_cudnn_eager_step", "tscale_nosink", "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv",
+         "tscale_g6", "tscale_cudnn_g6")
 ALSO = ("tscale_cudnn_bucket64", "tscale_eager_step", "tscale_cudnn_eager_step", "tscale_nosink",
-        "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv")  # presets --also adds
+        "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv", "tscale_g6", "tscale_cudnn_g6")  # --also's presets
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ the tokens_per_s of every log interval. --tiny runs the same code on CPU-sized m
 """
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import math
@@ -163,10 +164,10 @@ def cmd_convergence(args, s: Scale) -> None:
     overrides = run_overrides(s, args.arch, args.tokens, args.max_ratio, args.tscale_set)
     hook = None
     if args.arch == "tscale" and not args.beside:
-        target = screen_target(results.load(), args.target_record)
+        target = screen_target(results.load(), args.target_record, s.seq_len)
         if target is None:
-            sys.exit("architecture: run `convergence --arch gpt2` first (its final val loss is the target), or name "
-                     "a recorded one with --target-record")
+            sys.exit(f"architecture: run `convergence --arch gpt2` at T {s.seq_len} first (its final val loss is the "
+                     f"target), or name a recorded one of that length with --target-record")
         every = int(next(o for o in overrides if o.startswith("train.eval_every=")).split("=")[1])
         hook = stop_at_val_loss(run_dir, target["final_val_loss"], every)
     limit = _time_left(args.deadline, margin=25 if args.arch == "tscale" else 10)
@@ -261,9 +262,10 @@ def cmd_screen(args, s: Scale) -> None:
     from report_architecture import screen_report, screen_target
 
     results = Results(args.work).load()
-    target = screen_target(results, args.target_record)
+    target = screen_target(results, args.target_record, s.seq_len)
     if target is None:
-        sys.exit("architecture screen: no target: no gpt2 run in the work folder and no usable --target-record")
+        sys.exit(f"architecture screen: no target: no gpt2 run at T {s.seq_len} in the work folder and no usable "
+                 f"--target-record")
     rows, table = screen_report(results, target, args.name_list)
     (args.work / "screen.json").write_text(json.dumps({"target": target, "runs": rows}, indent=1) + "\n")
     print(table)
@@ -280,6 +282,8 @@ def main() -> None:
     ap.add_argument("--budget-tokens", type=float, help="gpt2's training budget B [100e6; tiny: 3072]")
     ap.add_argument("--eval-tokens", type=float, help="tokens between tscale's evaluations [5e6]")
     ap.add_argument("--max-ratio", type=float, help="tscale's schedule spans this fraction of B [0.5; tiny: 1.0]")
+    ap.add_argument("--seq-len", type=int,
+                    help="window length of the convergence runs, the tokens a step kept [1024; tiny: 32]")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized models and budgets (plumbing check)")
     ap.add_argument("--warm", action="store_true", help="attention: only compile, on random ids (beside tokenizing)")
     ap.add_argument("--attention", choices=["auto", "fa2", "fa2_global", "cudnn", "cudnn_global"], default="auto",
@@ -299,12 +303,16 @@ def main() -> None:
                          "loss, training time and budget from this architecture.json (same protocol and corpus)")
     ap.add_argument("--verbose", action="store_true", help="show the training progress lines")
     args = ap.parse_args()
-    s = TINY if args.tiny else FULL
+    s = dataclasses.replace(TINY if args.tiny else FULL)  # a copy: the options below change it
     if args.budget_tokens:
         s.budget_tokens = args.budget_tokens
     if args.eval_tokens:
         s.eval_tokens = args.eval_tokens
     args.max_ratio = args.max_ratio or s.max_ratio
+    if args.seq_len:
+        if args.seq_len < 1 or tokens_per_step(s) % args.seq_len:
+            ap.error(f"--seq-len {args.seq_len}: must divide the {tokens_per_step(s):,} tokens a step")
+        s.batch_size, s.seq_len = tokens_per_step(s) // args.seq_len, args.seq_len
     args.work = args.work.resolve()
     args.tokens = (args.tokens or args.work / "tokens").resolve()
     if args.command in ("warmup", "convergence") and not args.arch:

@@ -3,7 +3,9 @@
 #
 #   scripts/bench/issue3_gpu.sh 1|1x2|2|screen [--tiny]
 #
-# Run from the repository root with the package built. Both parts tokenize the benchmark corpus
+# Run from the repository root with the package built (on an offline GPU machine: TSCALE_NO_CUTLASS=1 source
+# scripts/device/setup_env.sh LOG_DIR; nothing here runs an int8 product, and CUTLASS's kernels triple the
+# build, 183 s against 55-65 on an H200 machine). Both parts tokenize the benchmark corpus
 # (mix.jsonl.xz + code-slice.jsonl.xz, GPT-2 BPE) into $WORK/tokens unless it is there already.
 #   Part 1: gpt2 124M for B = 100M tokens, then tscale 124M until it reaches gpt2's final val loss
 #           (convergence + throughput). The compile warm-ups of both models run beside tokenizing.
@@ -31,6 +33,9 @@
 #      OUT              folder whose files come back from the device (default $WORK/out)
 #      ISSUE3_SCREEN    screen: the variants, ';'-separated, each NAME=SETTINGS with SETTINGS space-separated
 #                       (e.g. "base=;nosink=model.sink=false;tied=model.tie_embeddings=true")
+#      ISSUE3_SEQ_LEN   parts 1, 1x2 and screen: window length of the convergence runs, 32,768 tokens a step kept
+#                       (default 1024); another length works in .cache/issue3-T<LEN> and records there, not in
+#                       docs/bench, and a screen's target is then the gpt2 run of that work folder (part 1 first)
 #      ISSUE3_TSCALE_SET  parts 1 and 1x2: settings of the tscale run, space-separated (e.g. "model.sink=false"),
 #                       to measure a variant against gpt2's run; the report names them and goes to $WORK/bench
 #                       (and $OUT), not docs/bench
@@ -53,6 +58,10 @@ else
   records=docs/bench
   [ -n "${ISSUE3_TSCALE_SET:-}" ] && records=$work/bench  # a variant's record never stands in for the headline's
   flags=()
+  if [ -n "${ISSUE3_SEQ_LEN:-}" ] && [ "$ISSUE3_SEQ_LEN" != 1024 ]; then  # nor a record of another length
+    work=${ISSUE3_WORK:-.cache/issue3-T$ISSUE3_SEQ_LEN}
+    records=$work/bench
+  fi
   ablation_flags=(--jobs 7 --min-job-s 150 --tokens-per-run "${ISSUE3_ABLATION_TOKENS:-12e6}")
 fi
 out=${OUT:-$work/out}
@@ -61,12 +70,13 @@ mkdir -p "$work/logs" "$out" "$records"
 exec > >(tee -a "$out/issue3-part$part.log") 2>&1
 tee_pid=$!
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/$work/inductor
-common=(--work "$work" --deadline "$deadline" "${flags[@]}")
+seq_len=(); [ -n "${ISSUE3_SEQ_LEN:-}" ] && seq_len=(--seq-len "$ISSUE3_SEQ_LEN")  # architecture.py's only
+common=(--work "$work" --deadline "$deadline" "${flags[@]}" "${seq_len[@]}")
 # as_tscale_sets "KEY=VALUE ...": the array sets=(--tscale-set KEY=VALUE ...), one per space-separated setting
 as_tscale_sets() { sets=(); local setting; for setting in $1; do sets+=(--tscale-set "$setting"); done; }
 as_tscale_sets "${ISSUE3_TSCALE_SET:-}"
 variant=("${sets[@]}")
-report=(--work "$work" --out-dir "$records" "${flags[@]}")
+report=(--work "$work" --out-dir "$records" "${flags[@]}" "${seq_len[@]}")
 
 say() { echo "[issue3 part $part +$(( $(date +%s) - start ))s] $*"; }
 left() { echo $(( deadline - $(date +%s) )); }
@@ -160,7 +170,7 @@ elif [ "$part" = screen ]; then
     bounded python $bench/architecture.py convergence --arch tscale --name "screen-$name" "${target[@]}" \
       "${common[@]}" "${sets[@]}" || say "variant $name failed"
   done
-  python $bench/architecture.py screen --work "$work" "${target[@]}" "${names[@]}" "${flags[@]}" | tee "$out/screen.md"
+  python $bench/architecture.py screen --work "$work" "${target[@]}" "${names[@]}" "${flags[@]}" "${seq_len[@]}" | tee "$out/screen.md"
   cp "$work/screen.json" "$out/" 2>/dev/null || true
 elif [ "$part" = 2 ]; then
   say "attention compile warm-up beside tokenizing"

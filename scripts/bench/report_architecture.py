@@ -46,6 +46,11 @@ def _time_at(times: list, tokens: float) -> float:
     return y1 + (tokens - x1) * (y1 - y0) / (x1 - x0)
 
 
+def run_seq_len(entry: dict) -> int:
+    """The window length a convergence run trained at (its model.seq_len override; 1024 where absent)."""
+    return next((int(o.split("=", 1)[1]) for o in entry.get("overrides", []) if o.startswith("model.seq_len=")), 1024)
+
+
 def _changed(entry: dict) -> str:
     """The optimizer settings a run changed from its preset and the variant's settings (--tscale-set), as
     ' + --set ...' text."""
@@ -66,6 +71,7 @@ def convergence_part(results: dict) -> tuple[dict, dict]:
     complete = gpt2["steps"] == gpt2["planned_steps"]
     m = {
         "gpt2_budget_tokens": round(budget), "gpt2_final_val_loss": round(target, 4),
+        "convergence_seq_len": run_seq_len(gpt2),
         "gpt2_train_s": round(g["train_s"], 1),
         "gpt2_tokens_per_s": round(g["tokens_per_s"]), "tscale_tokens_per_s": round(t["tokens_per_s"]),
         "throughput_ratio": round(t["tokens_per_s"] / g["tokens_per_s"], 3),
@@ -216,11 +222,12 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str, d
     return metrics, "\n\n".join([text, *others]), markdown_table(metrics), keep_header
 
 
-def screen_target(results: dict, record: Path | None) -> dict | None:
+def screen_target(results: dict, record: Path | None, seq_len: int = 1024) -> dict | None:
     """What tscale variants are screened against: gpt2's run of this work folder, else the recorded one of the
-    same protocol (an architecture.json's gpt2_final_val_loss, gpt2_train_s, gpt2_budget_tokens); None if neither."""
+    same protocol (an architecture.json's gpt2_final_val_loss, gpt2_train_s, gpt2_budget_tokens); either only when
+    it trained at `seq_len` (a record without convergence_seq_len is of 1024); None if neither."""
     gpt2 = results.get("gpt2")
-    if gpt2 and gpt2.get("final_val_loss") is not None:
+    if gpt2 and gpt2.get("final_val_loss") is not None and run_seq_len(gpt2) == seq_len:
         g = _run_summary(gpt2)
         return {"final_val_loss": gpt2["final_val_loss"], "train_s": g["train_s"], "budget_tokens": g["tokens"],
                 "source": "gpt2's run in this work folder"}
@@ -229,6 +236,8 @@ def screen_target(results: dict, record: Path | None) -> dict | None:
     saved = json.loads(record.read_text())
     m = saved.get("metrics", {})
     if not all(k in m for k in ("gpt2_final_val_loss", "gpt2_train_s", "gpt2_budget_tokens")):
+        return None
+    if m.get("convergence_seq_len", 1024) != seq_len:
         return None
     return {"final_val_loss": m["gpt2_final_val_loss"], "train_s": m["gpt2_train_s"],
             "budget_tokens": m["gpt2_budget_tokens"],
