@@ -11,6 +11,11 @@ csrc/qkv). Both are checked against each other first, then timed with CUDA event
 after 3, interleaved for ROUNDS rounds, the fastest kept. GB/s counts what the passes must move at least:
 forward 3 D values in and out a row and head, backward 3 out and 5 in (the gradients and q, k again), bf16.
 Record: qkv_prep.json (ms per layer and step, both ways; the ratio).
+
+The compiled side here is a graph of this one layer's ops: inside the model inductor fuses them into other
+kernels, which ran 2x faster than here on an H200 (docs/BENCHMARKS.md, "QK normalisation and RoPE in one
+pass"). What the kernel does for training is what `arch_profile.py --archs tscale_cudnn tscale_cudnn_qkv`
+and the training rates (arch_speed.py --also tscale_qkv tscale_cudnn_qkv) measure.
 """
 
 import argparse
