@@ -108,6 +108,44 @@ def test_pair_table_matches_reference():
             assert got.pair_off[-1] == len(got.pair_next) == len(np.unique(toks[:-1].astype(np.int64) * vocab + toks[1:]))
 
 
+@needs_kernels
+def test_inline_tokens_match_reference_for_uint16_ids_only():
+    """Each suffix's third token in suffix-array order (past the end: INLINE_END); none for uint32 ids."""
+    rng = np.random.default_rng(5)
+    for s in _streams(rng):
+        toks = s.astype(np.uint16)
+        sa = ops.suffix_array(toks)
+        got = ops.lookup_tables(toks, sa, int(toks.max()) + 1).inline_tokens
+        assert got.dtype == np.uint16
+        np.testing.assert_array_equal(got, ops.inline_tokens_reference(toks, sa))
+        if len(toks) >= 2:  # the two shortest suffixes have no third token
+            assert (got == ops.INLINE_END).sum() == 2
+        wide = s.astype(np.uint32)
+        assert len(ops.lookup_tables(wide, ops.suffix_array(wide), int(s.max()) + 1).inline_tokens) == 0
+
+
+@needs_kernels
+def test_lookup_gives_the_same_results_without_the_inline_tokens():
+    """The inline tokens only spare reads: every level, count and exclusion comes out the same without them."""
+    rng = np.random.default_rng(6)
+    text = np.tile(rng.integers(0, 30, 700), 4).astype(np.uint16)
+    text[rng.random(len(text)) < 0.01] = 30
+    sa = ops.suffix_array(text)
+    tables = ops.lookup_tables(text, sa, 31)
+    assert len(tables.inline_tokens) == len(text)
+    bare = tables._replace(inline_tokens=np.zeros(0, np.uint16))
+    query = np.concatenate([text[500:3500], rng.integers(0, 31, 2000)])
+    s = rng.integers(0, len(text), len(query))
+    excl = np.stack([s, s + rng.integers(0, 900, len(query))], axis=1)
+    for ex in (None, excl):
+        for support in (8, 1 << 20):
+            got = ops.index_lookup_levels(text, sa, tables, query, ex, 30, [64, 9, 3, 1], 3, support)
+            want = ops.index_lookup_levels(text, sa, bare, query, ex, 30, [64, 9, 3, 1], 3, support)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+    assert (got[0][0] >= 3).mean() > 0.5  # long matches: the searches went past offset 2
+
+
 def _sampled_reference(text, sa, tables, query, max_len, topk, max_support):
     """Next-token counts as documented for ranges above max_support: max_support evenly spaced entries, scaled."""
     lens = ops.index_lookup_reference(text, sa, tables, query, None, -1, max_len, 1, 0)[0]

@@ -1,11 +1,14 @@
 // Streaming longest-match lookup in one index shard (op schema + CPU kernel).
 //
-// index_lookup_levels(text, sa, first, pair_off, pair_next, pair_start, query, excl, eos, caps, topk, max_support)
+// index_lookup_levels(text, sa, first, pair_off, pair_next, pair_start, inline_tokens, query, excl, eos, caps, topk,
+//                     max_support)
 //   caps  the match caps, strictly descending (>= 1); level l of each result is capped at caps[l],
 //         and max_len below is caps[0] (tscale.ops.index.index_lookup is the one-cap case)
 //   text  int16 (uint16 ids) or int32 (n,): the shard's tokens; sa int32 (n,): uint32 suffix array
 //   first int64 (V + 1,): suffixes starting with token a are sa[first[a] : first[a + 1]]
 //   pair_*: the token-pair table of index_pairs (csrc/index/pairs.cpp)
+//   inline_tokens int16 (n,) or (0,): each suffix's token at offset 2 (csrc/index/inline_tokens.cpp), read
+//         instead of sa and the text where a search or an extension compares that offset; empty: those are read
 //   query int64 (N,); excl int64 (N, 2) or (0, 2): per query position a shard range [s, e) of
 //         occurrence starts that do not count (leave-one-out); eos: context resets after it (-1: never)
 //   -> per level, len int32 (N,): longest L <= max_len such that query[i-L+1 .. i] occurs at some start p with
@@ -54,9 +57,13 @@ struct Shard {
   const int64_t* pair_off;
   const int32_t* pair_next;
   const uint32_t* pair_start;
+  const uint16_t* inl;  // per SA entry, its suffix's token at offset 2 (index_inline_tokens), or null
 
   int64_t tok(int64_t p) const { return token_at(text, p); }
+  // the token at offset 2 of suffix j from inl, without reading sa or the text; -1 past the end
+  int64_t inline_key(int64_t j) const { return inl[j] == 0xFFFFu ? -1 : static_cast<int64_t>(inl[j]); }
   int64_t key(int64_t j, int64_t k) const {
+    if (inl && k == 2) return inline_key(j);
     const int64_t p = static_cast<int64_t>(sa[j]) + k;
     return p < n ? tok(p) : -1;
   }
@@ -98,6 +105,12 @@ struct Shard {
   // compare the suffix at sa[j] with q[0..len) from offset k (the first k tokens are known equal);
   // k ends at their common prefix; < 0, 0 (q is a prefix of the suffix), > 0
   int compare(int64_t j, const int64_t* q, int64_t len, int64_t& k) const {
+    if (inl && k == 2 && k < len) {  // offset 2 from inl: often decides without sa[j]
+      const int64_t t = inline_key(j);
+      if (t != q[k]) return t < q[k] ? -1 : 1;
+      ++k;
+    }
+    if (k >= len) return 0;
     const int64_t p = sa[j];
     for (; k < len; ++k) {
       const int64_t t = p + k < n ? tok(p + k) : -1;
@@ -128,6 +141,10 @@ struct Shard {
         const int64_t m = l + (h - l) / 2;
         __builtin_prefetch(sa + l + (m - l) / 2);
         __builtin_prefetch(sa + m + 1 + (h - m - 1) / 2);
+        if (inl) {
+          __builtin_prefetch(inl + l + (m - l) / 2);
+          __builtin_prefetch(inl + m + 1 + (h - m - 1) / 2);
+        }
         int64_t k = std::min(lk, hk);
         if (compare(m, q, len, k) < 0) {
           l = m + 1;
@@ -369,10 +386,11 @@ void lookup_chunk(const Shard<T>& s, Counter<T>& counter, const int64_t* q, cons
 
 template <typename T>
 Shard<T> make_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tensor& first, const at::Tensor& off,
-                    const at::Tensor& next, const at::Tensor& start) {
+                    const at::Tensor& next, const at::Tensor& start, const at::Tensor& inl) {
   return {text.data_ptr<T>(), reinterpret_cast<const uint32_t*>(sa.data_ptr<int32_t>()), text.numel(),
           first.data_ptr<int64_t>(), first.numel() - 1, off.data_ptr<int64_t>(), next.data_ptr<int32_t>(),
-          reinterpret_cast<const uint32_t*>(start.data_ptr<int32_t>())};
+          reinterpret_cast<const uint32_t*>(start.data_ptr<int32_t>()),
+          inl.numel() ? reinterpret_cast<const uint16_t*>(inl.data_ptr<int16_t>()) : nullptr};
 }
 
 template <typename T>
@@ -401,7 +419,8 @@ void check_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tensor&
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
     const at::Tensor& text_in, const at::Tensor& sa_in, const at::Tensor& first_in, const at::Tensor& off_in,
-    const at::Tensor& pnext_in, const at::Tensor& pstart_in, const at::Tensor& query_in, const at::Tensor& excl_in,
+    const at::Tensor& pnext_in, const at::Tensor& pstart_in, const at::Tensor& inl_in, const at::Tensor& query_in,
+    const at::Tensor& excl_in,
     int64_t eos, at::IntArrayRef caps_in, int64_t topk, int64_t max_support) {
   const at::Tensor text = text_in.contiguous(), sa = sa_in.contiguous(), first = first_in.contiguous();
   check_shard(text, sa, first);
@@ -409,6 +428,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
   TORCH_CHECK(off.scalar_type() == at::kLong && off.numel() == first.numel(), "index_lookup: pair_off must be int64 like first");
   TORCH_CHECK(pnext.scalar_type() == at::kInt && pstart.scalar_type() == at::kInt && pnext.numel() == pstart.numel(),
               "index_lookup: pair_next and pair_start must be int32 of one length");
+  const at::Tensor inl = inl_in.contiguous();
+  TORCH_CHECK(inl.scalar_type() == at::kShort && (inl.numel() == 0 || (inl.numel() == text.numel() &&
+                                                                    text.scalar_type() == at::kShort)),
+              "index_lookup: inline_tokens must be int16 like the text (uint16 ids) or empty");
   TORCH_CHECK(query_in.scalar_type() == at::kLong && query_in.dim() == 1, "index_lookup: query must be 1-D int64");
   const int64_t n = query_in.numel();
   TORCH_CHECK(excl_in.scalar_type() == at::kLong && excl_in.dim() == 2 && excl_in.size(1) == 2 &&
@@ -426,9 +449,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
   at::Tensor count = at::empty({levels, n, topk}, query.options());
   const Out out{len.data_ptr<int32_t>(), next.data_ptr<int64_t>(), count.data_ptr<int64_t>(), n, topk, caps};
   if (text.scalar_type() == at::kShort) {
-    lookup_all(make_shard<int16_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_support, out);
+    lookup_all(make_shard<int16_t>(text, sa, first, off, pnext, pstart, inl), query, excl, eos, max_support, out);
   } else {
-    lookup_all(make_shard<int32_t>(text, sa, first, off, pnext, pstart), query, excl, eos, max_support, out);
+    lookup_all(make_shard<int32_t>(text, sa, first, off, pnext, pstart, inl), query, excl, eos, max_support, out);
   }
   return {len, next, count};
 }
@@ -437,7 +460,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
 
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
   m.def("index_lookup_levels(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, "
-        "Tensor pair_start, Tensor query, Tensor excl, int eos, int[] caps, int topk, int max_support) "
+        "Tensor pair_start, Tensor inline_tokens, Tensor query, Tensor excl, int eos, int[] caps, int topk, int max_support) "
         "-> (Tensor, Tensor, Tensor)");
 }
 

@@ -1,7 +1,8 @@
 """Token-index ops (suffix array, streaming longest-match lookup, n-gram overlap): numpy references and the dispatch to tscale._C.
 
 suffix_array(tokens (n,) uint16|uint32) -> (n,) uint32: suffix starts in lexicographic order
-lookup_tables(text, sa, vocab_size) -> LookupTables: first-token and token-pair ranges of the suffix array
+lookup_tables(text, sa, vocab_size) -> LookupTables: first-token and token-pair ranges of the suffix array, and
+    each suffix's third token in suffix-array order (see csrc/index/inline_tokens.cpp)
 index_lookup(text, sa, tables, query, excl, eos, max_len, topk, max_support)
     -> len (N,) int32, next (N, topk) int64, count (N, topk) int64; see csrc/index/lookup.cpp
 index_lookup_levels(text, sa, tables, query, excl, eos, caps, topk, max_support)
@@ -24,6 +25,7 @@ import torch
 from tscale.ops.backend import kernels_available
 
 NO_RANGE = -1
+INLINE_END = 0xFFFF  # index_inline_tokens' mark for a position past the shard's end (never a token id)
 
 
 def _signed_view(tokens: np.ndarray) -> torch.Tensor:
@@ -64,6 +66,7 @@ class LookupTables(NamedTuple):
     pair_off: np.ndarray  # (V + 1,) int64: pairs (a, *) are rows pair_off[a] : pair_off[a + 1]
     pair_next: np.ndarray  # (B,) int32: their second tokens, ascending within a
     pair_start: np.ndarray  # (B,) uint32: where each pair's block starts in the suffix array
+    inline_tokens: np.ndarray  # (n,) uint16, or (0,): each suffix's token at offset 2 (index_inline_tokens)
 
     @property
     def nbytes(self) -> int:
@@ -82,14 +85,26 @@ def pair_table_reference(text: np.ndarray, sa: np.ndarray, vocab_size: int) -> t
     return off, b[new].astype(np.int32), rows[new].astype(np.uint32)
 
 
+def inline_tokens_reference(text: np.ndarray, sa: np.ndarray) -> np.ndarray:
+    """(n,) uint16: text[sa[j] + 2], INLINE_END where that is past the end."""
+    padded = np.append(np.asarray(text, dtype=np.int64), [INLINE_END, INLINE_END])
+    return padded[np.asarray(sa, dtype=np.int64) + 2].astype(np.uint16)
+
+
 def lookup_tables(text: np.ndarray, sa: np.ndarray, vocab_size: int) -> LookupTables:
+    """The tables index_lookup searches with; the inline tokens only for uint16 ids below INLINE_END (else empty)."""
     first = first_table(text, vocab_size)
+    no_inline = np.zeros(0, np.uint16)
     if not kernels_available():
-        return LookupTables(first, *pair_table_reference(text, sa, vocab_size))
+        return LookupTables(first, *pair_table_reference(text, sa, vocab_size), no_inline)
     if len(text) == 0:
-        return LookupTables(first, np.zeros(vocab_size + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint32))
+        return LookupTables(first, np.zeros(vocab_size + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint32),
+                            no_inline)
     off, nxt, start = torch.ops.tscale.index_pairs(_signed_view(text), _sa_view(sa), torch.from_numpy(first))
-    return LookupTables(first, off.numpy(), nxt.numpy(), start.numpy().view(np.uint32))
+    inline = no_inline
+    if np.asarray(text).dtype == np.uint16 and vocab_size <= INLINE_END:
+        inline = torch.ops.tscale.index_inline_tokens(_signed_view(text), _sa_view(sa)).numpy().view(np.uint16)
+    return LookupTables(first, off.numpy(), nxt.numpy(), start.numpy().view(np.uint32), inline)
 
 
 def _sa_view(sa: np.ndarray) -> torch.Tensor:
@@ -164,7 +179,7 @@ def index_lookup_levels(text, sa, tables: LookupTables, query, excl, eos: int, c
         return index_lookup_levels_reference(text, sa, tables, query, excl, eos, caps, topk, max_support)
     t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (tables.first, tables.pair_off, tables.pair_next)]
     out = torch.ops.tscale.index_lookup_levels(
-        _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start),
+        _signed_view(text), _sa_view(sa), *t, _sa_view(tables.pair_start), _signed_view(tables.inline_tokens),
         torch.from_numpy(query), torch.from_numpy(excl), eos, caps, topk, max_support)
     return tuple(t.numpy() for t in out)
 
