@@ -420,8 +420,7 @@ void check_shard(const at::Tensor& text, const at::Tensor& sa, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
     const at::Tensor& text_in, const at::Tensor& sa_in, const at::Tensor& first_in, const at::Tensor& off_in,
     const at::Tensor& pnext_in, const at::Tensor& pstart_in, const at::Tensor& inl_in, const at::Tensor& query_in,
-    const at::Tensor& excl_in,
-    int64_t eos, at::IntArrayRef caps_in, int64_t topk, int64_t max_support) {
+    const at::Tensor& excl_in, int64_t eos, at::IntArrayRef caps_in, int64_t topk, int64_t max_support) {
   const at::Tensor text = text_in.contiguous(), sa = sa_in.contiguous(), first = first_in.contiguous();
   check_shard(text, sa, first);
   const at::Tensor off = off_in.contiguous(), pnext = pnext_in.contiguous(), pstart = pstart_in.contiguous();
@@ -460,8 +459,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> index_lookup_levels_cpu(
 
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
   m.def("index_lookup_levels(Tensor text, Tensor sa, Tensor first, Tensor pair_off, Tensor pair_next, "
-        "Tensor pair_start, Tensor inline_tokens, Tensor query, Tensor excl, int eos, int[] caps, int topk, int max_support) "
-        "-> (Tensor, Tensor, Tensor)");
+        "Tensor pair_start, Tensor inline_tokens, Tensor query, Tensor excl, int eos, int[] caps, int topk, "
+        "int max_support) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {
