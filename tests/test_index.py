@@ -78,13 +78,18 @@ def test_lookup_matches_brute_force():
                 np.testing.assert_array_equal(g, w)
 
 
+def _repetitive_index(rng, vocab: int, period: int, repeats: int, eos_share: float):
+    """A random period of `vocab` ids repeated, with eos = vocab sprinkled in: (text uint16, sa, tables)."""
+    text = np.tile(rng.integers(0, vocab, period), repeats).astype(np.uint16)
+    text[rng.random(len(text)) < eos_share] = vocab
+    sa = ops.suffix_array(text)
+    return text, sa, ops.lookup_tables(text, sa, vocab + 1)
+
+
 @needs_kernels
 def test_lookup_does_not_depend_on_chunking():
     rng = np.random.default_rng(2)
-    text = np.tile(rng.integers(0, 40, 3000), 3).astype(np.uint16)
-    text[rng.random(len(text)) < 0.001] = 40
-    sa = ops.suffix_array(text)
-    tables = ops.lookup_tables(text, sa, 41)
+    text, sa, tables = _repetitive_index(rng, 40, 3000, 3, 0.001)
     query = np.concatenate([text[:20000], rng.integers(0, 41, 20000)])
     full = ops.index_lookup(text, sa, tables, query, None, 40, 64, 2, 64)
     cut = 16384 - 300  # a later slice puts the kernel's chunk boundaries elsewhere
@@ -128,10 +133,7 @@ def test_inline_tokens_match_reference_for_uint16_ids_only():
 def test_lookup_gives_the_same_results_without_the_inline_tokens():
     """The inline tokens only spare reads: every level, count and exclusion comes out the same without them."""
     rng = np.random.default_rng(6)
-    text = np.tile(rng.integers(0, 30, 700), 4).astype(np.uint16)
-    text[rng.random(len(text)) < 0.01] = 30
-    sa = ops.suffix_array(text)
-    tables = ops.lookup_tables(text, sa, 31)
+    text, sa, tables = _repetitive_index(rng, 30, 700, 4, 0.01)
     assert len(tables.inline_tokens) == len(text)
     bare = tables._replace(inline_tokens=np.zeros(0, np.uint16))
     query = np.concatenate([text[500:3500], rng.integers(0, 31, 2000)])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from helpers_index import write_token_folder
-from test_index import _random_case, needs_kernels
+from test_index import _random_case, _repetitive_index, needs_kernels
 from tscale.data.shards import TokenFolder
 from tscale.index import Index, build_index
 from tscale.index.features import doc_batches
@@ -33,10 +33,7 @@ def test_levels_match_the_brute_force_at_each_cap():
 def test_levels_equal_one_lookup_per_cap_on_long_repetitive_text():
     """Ranges above max_support are sampled, and the positions without exclusion share the counting cache."""
     rng = np.random.default_rng(12)
-    text = np.tile(rng.integers(0, 30, 2000), 4).astype(np.uint16)
-    text[rng.random(len(text)) < 0.002] = 30
-    sa = ops.suffix_array(text)
-    tables = ops.lookup_tables(text, sa, 31)
+    text, sa, tables = _repetitive_index(rng, 30, 2000, 4, 0.002)
     query = np.concatenate([text[500:20500], rng.integers(0, 31, 15000)])
     starts = rng.integers(0, len(text), len(query))
     excl = np.stack([starts, starts + rng.integers(1, 300, len(query))], axis=1)
