@@ -1,7 +1,7 @@
 // The inline-token table of an index shard: each suffix's third token, in suffix-array order.
 //
-// index_inline_tokens(text, sa) -> int16 (n,) of uint16 ids: entry j = text[sa[j] + 2], 0xFFFF standing for a
-//   position past the shard's end (so token ids must stay below 0xFFFF; uint16 text only). index_lookup reads it
+// index_inline_tokens(text, sa) -> int16 (n,) of uint16 ids: entry j = text[sa[j] + 2], kInlineEnd (0xFFFF,
+//   inline_tokens.h) standing for a position past the shard's end (so token ids stay below it; uint16 text only). index_lookup reads it
 //   beside sa: a search inside a token pair's block compares offset 2 first, and where that decides a probe (the
 //   first narrowing of every search of three or more tokens, and every extension of a two-token match) neither
 //   sa[j] nor the text is read: one cache miss instead of two dependent ones. 2 bytes a token, built in memory on
@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+
+#include "inline_tokens.h"
 
 namespace tscale {
 namespace {
@@ -29,7 +31,7 @@ at::Tensor index_inline_tokens_cpu(const at::Tensor& text_in, const at::Tensor& 
   at::parallel_for(0, n, 1 << 16, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t p = sp[j];
-      op[j] = p + 2 < n ? tp[p + 2] : 0xFFFFu;
+      op[j] = p + 2 < n ? tp[p + 2] : kInlineEnd;
     }
   });
   return out;

@@ -37,6 +37,8 @@
 #include <utility>
 #include <vector>
 
+#include "inline_tokens.h"
+
 namespace tscale {
 namespace {
 
@@ -61,7 +63,7 @@ struct Shard {
 
   int64_t tok(int64_t p) const { return token_at(text, p); }
   // the token at offset 2 of suffix j from inl, without reading sa or the text; -1 past the end
-  int64_t inline_key(int64_t j) const { return inl[j] == 0xFFFFu ? -1 : static_cast<int64_t>(inl[j]); }
+  int64_t inline_key(int64_t j) const { return inline_token(inl[j]); }
   int64_t key(int64_t j, int64_t k) const {
     if (inl && k == 2) return inline_key(j);
     const int64_t p = static_cast<int64_t>(sa[j]) + k;
@@ -139,11 +141,12 @@ struct Shard {
       int64_t l = lo, h = hi, lk = 2, hk = 2;
       while (l < h) {
         const int64_t m = l + (h - l) / 2;
-        __builtin_prefetch(sa + l + (m - l) / 2);
-        __builtin_prefetch(sa + m + 1 + (h - m - 1) / 2);
+        const int64_t below = l + (m - l) / 2, above = m + 1 + (h - m - 1) / 2;  // the next midpoint, either way
+        __builtin_prefetch(sa + below);
+        __builtin_prefetch(sa + above);
         if (inl) {
-          __builtin_prefetch(inl + l + (m - l) / 2);
-          __builtin_prefetch(inl + m + 1 + (h - m - 1) / 2);
+          __builtin_prefetch(inl + below);
+          __builtin_prefetch(inl + above);
         }
         int64_t k = std::min(lk, hk);
         if (compare(m, q, len, k) < 0) {

@@ -46,9 +46,13 @@ def _time_at(times: list, tokens: float) -> float:
     return y1 + (tokens - x1) * (y1 - y0) / (x1 - x0)
 
 
+UNNAMED_SEQ_LEN = 1024  # the window length of runs and records that name none (all before --seq-len existed)
+
+
 def run_seq_len(entry: dict) -> int:
-    """The window length a convergence run trained at (its model.seq_len override; 1024 where absent)."""
-    return next((int(o.split("=", 1)[1]) for o in entry.get("overrides", []) if o.startswith("model.seq_len=")), 1024)
+    """The window length a convergence run trained at (its model.seq_len override, else UNNAMED_SEQ_LEN)."""
+    return next((int(o.split("=", 1)[1]) for o in entry.get("overrides", []) if o.startswith("model.seq_len=")),
+                UNNAMED_SEQ_LEN)
 
 
 def _changed(entry: dict) -> str:
@@ -222,10 +226,10 @@ def build_report(results: dict, out_dir: Path, scale) -> tuple[dict, str, str, d
     return metrics, "\n\n".join([text, *others]), markdown_table(metrics), keep_header
 
 
-def screen_target(results: dict, record: Path | None, seq_len: int = 1024) -> dict | None:
+def screen_target(results: dict, record: Path | None, seq_len: int = UNNAMED_SEQ_LEN) -> dict | None:
     """What tscale variants are screened against: gpt2's run of this work folder, else the recorded one of the
     same protocol (an architecture.json's gpt2_final_val_loss, gpt2_train_s, gpt2_budget_tokens); either only when
-    it trained at `seq_len` (a record without convergence_seq_len is of 1024); None if neither."""
+    it trained at `seq_len` (a record without convergence_seq_len is of UNNAMED_SEQ_LEN); None if neither."""
     gpt2 = results.get("gpt2")
     if gpt2 and gpt2.get("final_val_loss") is not None and run_seq_len(gpt2) == seq_len:
         g = _run_summary(gpt2)
@@ -237,7 +241,7 @@ def screen_target(results: dict, record: Path | None, seq_len: int = 1024) -> di
     m = saved.get("metrics", {})
     if not all(k in m for k in ("gpt2_final_val_loss", "gpt2_train_s", "gpt2_budget_tokens")):
         return None
-    if m.get("convergence_seq_len", 1024) != seq_len:
+    if m.get("convergence_seq_len", UNNAMED_SEQ_LEN) != seq_len:
         return None
     return {"final_val_loss": m["gpt2_final_val_loss"], "train_s": m["gpt2_train_s"],
             "budget_tokens": m["gpt2_budget_tokens"],
