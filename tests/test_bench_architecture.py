@@ -243,7 +243,7 @@ def test_sdpa_baseline_preset_runs_the_tscale_model_through_causal_sdpa(monkeypa
 
     monkeypatch.delenv("TSCALE_ATTENTION", raising=False)
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tscale-tiny-cpu.toml",
-                      [*arch_speed.EXTRA["tscale_sdpa"], "model.vocab_size=64", "model.eos_id=0"])
+                      [*arch_speed.PRESETS["tscale_sdpa"].overrides, "model.vocab_size=64", "model.eos_id=0"])
     torch.manual_seed(0)
     model = build_model(cfg.model)
     idx = torch.randint(0, 64, (2, 32))

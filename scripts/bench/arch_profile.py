@@ -32,13 +32,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arch_speed import ARCHS, EXTRA, preset_env  # noqa: E402
+from arch_speed import PRESETS, preset_config, preset_env  # noqa: E402
 from common import REPO, round_orders  # noqa: E402
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
-from tscale.config import load_config  # noqa: E402
 from tscale.fileio import write_json_atomic  # noqa: E402
 from tscale.model import build_model  # noqa: E402
 from tscale.optim import build_optimizer  # noqa: E402
@@ -131,7 +130,7 @@ def kernel_table(arch: str, tokens: Path, warmup: int, active: int, batch: int,
                  seq_len: int = 1024, products: dict | None = None) -> dict[str, float]:
     """GPU milliseconds per step of every kernel name over `active` profiled steps of the real loop
     (products: filled with product_table's rows)."""
-    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []), f"model.seq_len={seq_len}",
+    cfg = preset_config(arch, [f"model.seq_len={seq_len}",
         f"train.steps={warmup + active + 1}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=1000", "train.compile=true", 'train.compile_mode="default"',
         f'data.tokens="{tokens.resolve()}"'])
@@ -160,7 +159,7 @@ def mean_products(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]
 
 def optimizer_ms(arch: str, steps: int = 20) -> float:
     """Milliseconds of one optimizer.step() of the preset's model on random gradients (CUDA events)."""
-    cfg = load_config(REPO / ARCHS[arch], [])
+    cfg = preset_config(arch, [])
     cfg.model.vocab_size = 50257
     cfg.model.eos_id = 50256
     model = build_model(cfg.model).cuda()
@@ -181,7 +180,7 @@ def optimizer_ms(arch: str, steps: int = 20) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tokens", type=Path, help="token folder (tscale tokenize, GPT-2 BPE)")
-    ap.add_argument("--archs", nargs="+", default=["gpt2", "tscale"], choices=list(ARCHS))
+    ap.add_argument("--archs", nargs="+", default=["gpt2", "tscale"], choices=list(PRESETS))
     ap.add_argument("--warmup", type=int, default=8, help="steps before profiling (compile included)")
     ap.add_argument("--active", type=int, default=3, help="profiled steps")
     ap.add_argument("--batch-size", type=int, default=32, help="sequences of 1024 tokens a step")

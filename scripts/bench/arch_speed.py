@@ -45,6 +45,7 @@ around it, so that a change of the step (the optimizer, CUDA graphs) can be time
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -61,39 +62,55 @@ from tscale.config import load_config  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
 ALTERNATIVES = ("fa2", "fa2_global", "cudnn", "cudnn_global")  # train.attention's choices besides "auto"
-ARCHS = {"gpt2": "configs/gpt2-124m.toml", "tscale": "configs/tscale-124m.toml",
-         **{f"tscale_{alt}": "configs/tscale-124m.toml" for alt in ALTERNATIVES},
-         "tscale_fused_loss": "configs/tscale-124m.toml", "gpt2_logits_loss": "configs/gpt2-124m.toml",
-         "tscale_logits_loss": "configs/tscale-124m.toml", "tscale_sdpa": "configs/tscale-124m.toml",
-         "tscale_cudnn_bucket64": "configs/tscale-124m.toml", "tscale_eager_step": "configs/tscale-124m.toml",
-         "tscale_cudnn_eager_step": "configs/tscale-124m.toml", "tscale_nosink": "configs/tscale-124m.toml",
-         "tscale_cudnn_nosink": "configs/tscale-124m.toml", "tscale_qkv": "configs/tscale-124m.toml",
-         "tscale_cudnn_qkv": "configs/tscale-124m.toml", "tscale_g6": "configs/tscale-124m.toml",
-         "tscale_cudnn_g6": "configs/tscale-124m.toml"}
-EXTRA = {**{f"tscale_{alt}": [f'train.attention="{alt}"'] for alt in ALTERNATIVES},
-         "tscale_fused_loss": ["train.fused_loss=true"], "gpt2_logits_loss": ["train.loss_kernel=false"],
-         "tscale_logits_loss": ["train.loss_kernel=false"],
-         "tscale_sdpa": ["model.window=0", "model.doc_mask=false", "model.sink=false"],
-         "tscale_cudnn_bucket64": ['train.attention="cudnn"'], "tscale_eager_step": ["optim.compile_step=false"],
-         "tscale_cudnn_eager_step": ['train.attention="cudnn"', "optim.compile_step=false"],
-         "tscale_nosink": ["model.sink=false"], "tscale_cudnn_nosink": ['train.attention="cudnn"', "model.sink=false"],
-         "tscale_qkv": ["train.qkv_kernel=true"], "tscale_cudnn_qkv": ['train.attention="cudnn"', "train.qkv_kernel=true"],
-         "tscale_g6": ["model.global_every=6"], "tscale_cudnn_g6": ['train.attention="cudnn"', "model.global_every=6"]}
-# environment a preset runs in; tscale_cudnn_bucket64: run counts padded to 64, tscale.ops.doc_runs' earlier bucket
-ENV = {"tscale_sdpa": {"TSCALE_ATTENTION": "sdpa"}, "tscale_cudnn_bucket64": {"TSCALE_RUN_BUCKET": "64"}}
-ORDER = ("gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale", *(f"tscale_{alt}" for alt in ALTERNATIVES),
-         "tscale_fused_loss", "tscale_sdpa", "tscale_cudnn_bucket64", "tscale_eager_step",
-         "tscale_cudnn_eager_step", "tscale_nosink", "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv",
-         "tscale_g6", "tscale_cudnn_g6")
-ALSO = ("tscale_cudnn_bucket64", "tscale_eager_step", "tscale_cudnn_eager_step", "tscale_nosink",
-        "tscale_cudnn_nosink", "tscale_qkv", "tscale_cudnn_qkv", "tscale_g6", "tscale_cudnn_g6")  # --also's presets
+CUDNN = 'train.attention="cudnn"'
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A benchmarked setup: its config file, overrides and environment; `also`: chosen with --also."""
+
+    overrides: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    also: bool = False
+    config: str = "configs/tscale-124m.toml"
+
+
+GPT2 = "configs/gpt2-124m.toml"
+PRESETS = {  # in the order they run
+    "gpt2_logits_loss": Preset(("train.loss_kernel=false",), config=GPT2),
+    "gpt2": Preset(config=GPT2),
+    "tscale_logits_loss": Preset(("train.loss_kernel=false",)),
+    "tscale": Preset(),
+    **{f"tscale_{alt}": Preset((f'train.attention="{alt}"',)) for alt in ALTERNATIVES},
+    "tscale_fused_loss": Preset(("train.fused_loss=true",)),
+    "tscale_sdpa": Preset(("model.window=0", "model.doc_mask=false", "model.sink=false"),
+                          {"TSCALE_ATTENTION": "sdpa"}),
+    # run counts padded to 64, tscale.ops.doc_runs' earlier bucket
+    "tscale_cudnn_bucket64": Preset((CUDNN,), {"TSCALE_RUN_BUCKET": "64"}, also=True),
+    "tscale_eager_step": Preset(("optim.compile_step=false",), also=True),
+    "tscale_cudnn_eager_step": Preset((CUDNN, "optim.compile_step=false"), also=True),
+    "tscale_nosink": Preset(("model.sink=false",), also=True),
+    "tscale_cudnn_nosink": Preset((CUDNN, "model.sink=false"), also=True),
+    "tscale_qkv": Preset(("train.qkv_kernel=true",), also=True),
+    "tscale_cudnn_qkv": Preset((CUDNN, "train.qkv_kernel=true"), also=True),
+    "tscale_g6": Preset(("model.global_every=6",), also=True),
+    "tscale_cudnn_g6": Preset((CUDNN, "model.global_every=6"), also=True),
+}
+ALSO = tuple(name for name, preset in PRESETS.items() if preset.also)  # --also's presets
+
+
+def preset_config(name: str, overrides: list[str]):
+    """The preset's config with its overrides, then `overrides`."""
+    preset = PRESETS[name]
+    return load_config(REPO / preset.config, [*preset.overrides, *overrides])
 
 
 @contextlib.contextmanager
 def preset_env(arch: str):
-    """The preset's environment (ENV) while it runs, the previous one restored after."""
-    saved = {key: os.environ.get(key) for key in ENV.get(arch, {})}
-    os.environ.update(ENV.get(arch, {}))
+    """The preset's environment while it runs, the previous one restored after."""
+    env = PRESETS[arch].env
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
         yield
     finally:
@@ -108,7 +125,7 @@ def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int
          seq_len: int) -> tuple[float, float]:
     """(tokens/s after `warmup` steps, peak GiB of GPU memory allocated) of one preset in one compile mode."""
     torch.cuda.reset_peak_memory_stats()
-    cfg = load_config(REPO / ARCHS[arch], [*EXTRA.get(arch, []), f"model.seq_len={seq_len}",
+    cfg = preset_config(arch, [f"model.seq_len={seq_len}",
         f"train.steps={warmup + steps}", f"train.batch_size={batch}", "train.grad_accum=1", "train.eval_every=0",
         "train.ckpt_every=0", "train.log_every=5", "train.compile=true", f'train.compile_mode="{mode}"',
         f'data.tokens="{tokens.resolve()}"'])
@@ -176,7 +193,7 @@ def main() -> None:
     chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss,
               "gpt2_logits_loss": args.logits_loss, "tscale_logits_loss": args.logits_loss,
               "tscale_sdpa": args.sdpa_baseline, **{preset: preset in args.also for preset in ALSO}}
-    archs = [a for a in ORDER if chosen.get(a, True)]
+    archs = [a for a in PRESETS if chosen.get(a, True)]
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
         runs: dict[str, list[float]] = {arch: [] for arch in archs}
