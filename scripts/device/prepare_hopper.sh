@@ -11,34 +11,50 @@
 # tokens (28.6M) for timing runs, not for the convergence benchmark, which needs the whole corpus
 # (.devdata/data, prepare_carry.sh). With .whl (2.8 MB without CUTLASS's headers) and the tree, .devdata/data
 # (57.5 MB) and .devdata/hopper together exceed the limit; carry .devdata/sub instead and copy it to
-# .devdata/data on the machine (scripts/device/cudnn_runs.sh says how).
+# .devdata/data on the machine (scripts/device/cudnn_runs.sh says how), or carry .devdata/min with .devdata/data.
+# .devdata/min/: .whl's wheels without CUTLASS's headers and the frontend also without its kernels written in Python
+# DSLs (Blackwell's; the graph API runs cuDNN's own engines) and other features' packages, 5.8 MB: with the tree
+# and .devdata/data, 66 MB (scripts/device/global6_convergence.sh installs it).
 set -euo pipefail
 DATA=${1:-../shared/data}
 PY=${PYTHON_VERSION:-3.12}
+# subpackages of other features (kernels written in Python DSLs, other frameworks' bindings)
+FEATURES=(gemm linear_attention gated_attention_block deepseek_sparse_attention moe_ep block_sparse_attention
+          flex_attention hstu native_sparse_attention QSA fla gnn jax)
+FEATURES=("${FEATURES[@]/#/cudnn/}")
+FEATURES=("${FEATURES[@]/%//}")
+
+# slim_wheel WHEEL DIR PREFIX...: a copy of WHEEL in DIR without the files under PREFIX..., its RECORD to match
+slim_wheel() {
+  python3 - "$@" <<'PY'
+import os, sys, zipfile
+src, out_dir, drop = sys.argv[1], sys.argv[2], tuple(sys.argv[3:])
+dst = os.path.join(out_dir, os.path.basename(src))
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst + ".part", "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+    for item in zin.infolist():
+        if item.filename.startswith(drop):
+            continue
+        data = zin.read(item.filename)
+        if item.filename.endswith(".dist-info/RECORD"):
+            data = b"\n".join(line for line in data.split(b"\n") if not line.decode().startswith(drop))
+        zout.writestr(item, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+os.replace(dst + ".part", dst)
+PY
+}
 if ! compgen -G ".devdata/hopper/nvidia_cudnn_frontend-*.whl" > /dev/null; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \
     --platform manylinux_2_28_x86_64 --implementation cp -d "$work" nvidia-cudnn-frontend
   mkdir -p .devdata/hopper
-  python3 - "$work" .devdata/hopper <<'PY'
-import glob, os, sys, zipfile
-# subpackages of other features (kernels written in Python DSLs, other frameworks' bindings, C++ headers)
-DROP = tuple(f"cudnn/{name}/" for name in (
-    "gemm", "linear_attention", "gated_attention_block", "deepseek_sparse_attention", "moe_ep",
-    "block_sparse_attention", "flex_attention", "hstu", "native_sparse_attention", "QSA", "fla", "gnn", "jax")) + ("include/",)
-src = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
-dst = os.path.join(sys.argv[2], os.path.basename(src))
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst + ".part", "w", zipfile.ZIP_DEFLATED) as zout:
-    for item in zin.infolist():
-        if item.filename.startswith(DROP):
-            continue
-        data = zin.read(item.filename)
-        if item.filename.endswith(".dist-info/RECORD"):
-            data = b"\n".join(line for line in data.split(b"\n") if not line.decode().startswith(DROP))
-        zout.writestr(item, data)
-os.replace(dst + ".part", dst)
-PY
+  slim_wheel "$(compgen -G "$work/*.whl")" .devdata/hopper "${FEATURES[@]}" include/
+fi
+if ! compgen -G ".devdata/min/nvidia_cudnn_frontend-*.whl" > /dev/null; then
+  mkdir -p .devdata/min
+  cp .whl/*.whl .devdata/min/
+  slim_wheel "$(compgen -G ".devdata/hopper/nvidia_cudnn_frontend-*.whl")" .devdata/min cudnn/sdpa/fwd/kernels/ \
+    cudnn/sdpa/bwd/kernels/ cudnn/triangle_attention/ cudnn/causal_conv1d_bulk_sm100/ cudnn/norm/ cudnn/conv/ \
+    cudnn/triangle_multiplicative_update/ cudnn/csa/
 fi
 if [ ! -e .devdata/sub/code-slice.jsonl.xz ]; then
   mkdir -p .devdata/sub
@@ -50,4 +66,4 @@ if [ ! -e .devdata/sub/code-slice.jsonl.xz ]; then
 fi
 # the tests' small corpus (1.6 MB): without it the CUDA training tests skip
 [ -e .devdata/sub/shakespeare.jsonl.xz ] || cp "$DATA/shakespeare.jsonl.xz" .devdata/sub/
-du -sh .devdata/hopper .devdata/sub
+du -sh .devdata/hopper .devdata/sub .devdata/min
