@@ -231,6 +231,21 @@ def test_step_cost_profiles_the_kernels_of_each_side_when_asked():
     assert "tscale_kernels_ms" not in plain and plain["tscale_s"] > 0
 
 
+def test_every_benchmark_preset_loads_with_the_settings_its_name_promises():
+    """arch_speed.py's presets: each config loads with its overrides; the name's parts are what the settings set."""
+    import arch_speed
+
+    for name in arch_speed.PRESETS:
+        cfg = arch_speed.preset_config(name, ["model.seq_len=4096"])
+        assert cfg.model.arch == ("gpt2" if name.startswith("gpt2") else "tscale")
+        assert cfg.model.seq_len == 4096
+        assert (cfg.train.attention == "cudnn") == ("_cudnn" in name and "cudnn_global" not in name)
+        assert (cfg.model.global_every == 6) == name.endswith("_g6")
+        assert cfg.model.sink == ("nosink" not in name and name != "tscale_sdpa")
+        assert cfg.train.qkv_kernel == name.endswith("_qkv")
+    assert set(arch_speed.ALSO) < set(arch_speed.PRESETS) and "gpt2" not in arch_speed.ALSO
+
+
 def test_sdpa_baseline_preset_runs_the_tscale_model_through_causal_sdpa(monkeypatch):
     """arch_profile's baseline of the attention-cost target: the preset's settings and environment make every
     layer of a tscale model plain causal SDPA, and the environment is restored after."""

@@ -50,6 +50,7 @@ if ! compgen -G ".devdata/hopper/nvidia_cudnn_frontend-*.whl" > /dev/null; then
   slim_wheel "$(compgen -G "$work/*.whl")" .devdata/hopper "${FEATURES[@]}" include/
 fi
 if ! compgen -G ".devdata/min/nvidia_cudnn_frontend-*.whl" > /dev/null; then
+  compgen -G ".whl/*.whl" > /dev/null || { echo "prepare_hopper.sh: .whl/ holds no wheels; run scripts/device/prepare_carry.sh first" >&2; exit 2; }
   mkdir -p .devdata/min
   cp .whl/*.whl .devdata/min/
   slim_wheel "$(compgen -G ".devdata/hopper/nvidia_cudnn_frontend-*.whl")" .devdata/min cudnn/sdpa/fwd/kernels/ \
