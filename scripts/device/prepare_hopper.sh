@@ -19,10 +19,9 @@ set -euo pipefail
 DATA=${1:-../shared/data}
 PY=${PYTHON_VERSION:-3.12}
 # subpackages of other features (kernels written in Python DSLs, other frameworks' bindings)
-FEATURES=(gemm linear_attention gated_attention_block deepseek_sparse_attention moe_ep block_sparse_attention
-          flex_attention hstu native_sparse_attention QSA fla gnn jax)
-FEATURES=("${FEATURES[@]/#/cudnn/}")
-FEATURES=("${FEATURES[@]/%//}")
+FEATURES=(cudnn/gemm/ cudnn/linear_attention/ cudnn/gated_attention_block/ cudnn/deepseek_sparse_attention/
+          cudnn/moe_ep/ cudnn/block_sparse_attention/ cudnn/flex_attention/ cudnn/hstu/ cudnn/native_sparse_attention/
+          cudnn/QSA/ cudnn/fla/ cudnn/gnn/ cudnn/jax/)
 
 # slim_wheel WHEEL DIR PREFIX...: a copy of WHEEL in DIR without the files under PREFIX..., its RECORD to match
 slim_wheel() {
