@@ -177,13 +177,13 @@ def test_presets_build():
     cfg = load_config("configs/tscale-124m.toml", ["model.vocab_size=50257", "model.eos_id=50256"])
     with torch.device("meta"):
         model = build_model(cfg.model)
-    assert sum(p.numel() for p in model.parameters()) == 162_220_800
+    assert sum(p.numel() for p in model.parameters()) == 123_587_328
     assert load_config("configs/gpt2-124m.toml").model.arch == "gpt2"
     assert load_config("configs/tscale-tiny-cpu.toml").model.arch == "tscale"
 
 
 SWITCHES = ["", "model.rope=false", "model.norm=\"layer\"", "model.qk_norm=false", "model.bias=true",
-            "model.mlp=\"gelu\"", "model.zero_init=false", "model.tie_embeddings=true", "model.logit_softcap=0",
+            "model.mlp=\"gelu\"", "model.zero_init=false", "model.tie_embeddings=false", "model.logit_softcap=0",
             "model.sink=false", "model.doc_mask=false", "model.window=0", "model.global_every=0",
             "optim.name=\"muon\"", "optim.decay=\"trapezoid\""]
 

@@ -28,7 +28,9 @@ class ModelConfig(_Section):
     `head_dim` 0 are derived from `d_model` (head_dim 128 for tscale, 64 for gpt2). `window`
     0 means every layer sees the whole context; otherwise every `global_every`-th layer,
     counted back from the last, does (0: none) and the others see `window` tokens.
-    `logit_softcap` 0 switches soft-capping off.
+    `logit_softcap` 0 switches soft-capping off. `tie_embeddings`: the head is the token embedding's
+    matrix (the default: at 124M it reached gpt2's loss in fewer tokens than the untied pair,
+    docs/BENCHMARKS.md, "Tied embedding and head").
     """
 
     arch: Literal["gpt2", "tscale"] = "tscale"
@@ -47,7 +49,7 @@ class ModelConfig(_Section):
     bias: bool = False
     mlp: Literal["relu2", "gelu"] = "relu2"
     zero_init: bool = True
-    tie_embeddings: bool = False
+    tie_embeddings: bool = True
     logit_softcap: float = Field(30.0, ge=0)
     sink: bool = True
     doc_mask: bool = True
