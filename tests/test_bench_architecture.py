@@ -94,6 +94,20 @@ def test_report_measures_the_crossing_against_gpt2s_final_loss(tmp_path):
     assert "convergence_tokens_ratio" not in metrics and "did NOT reach it" in notes["convergence"]
 
 
+def test_report_says_which_run_ties_its_embedding_to_the_head(tmp_path):
+    """The parameter counts tell: an untied input table is a head-sized block outside the matrix products."""
+    gpt2 = _run(tmp_path, "gpt2", _records([1000.0] * 8, vals={80: 3.0}), 80, 80)
+    gpt2.update(final_val_loss=3.0, params=125_000_000, block_params=85_000_000, matmul_params=124_000_000)
+    tscale = _run(tmp_path, "tscale", _records([2000.0] * 3, vals={30: 2.8}), 30, 40)
+    tscale.update(params=163_000_000, block_params=85_000_000, matmul_params=124_000_000)  # + a 39M table
+    _, notes = report_architecture.convergence_part({"gpt2": gpt2, "tscale": tscale})
+    assert "125.00M (embedding tied to the head) vs 163.00M (untied" in notes["convergence"]
+    tscale["params"] = 124_000_000
+    _, notes = report_architecture.convergence_part({"gpt2": gpt2, "tscale": tscale})
+    assert "untied" not in notes["convergence"]
+    assert notes["convergence"].count("(embedding tied to the head)") == 2
+
+
 def test_a_tscale_variant_changes_only_the_tscale_run_and_is_named_in_the_report(tmp_path):
     """architecture.py --tscale-set: the settings go last in tscale's run (they win), never into gpt2's, and the
     report's convergence paragraph names them beside the preset."""

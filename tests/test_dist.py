@@ -21,7 +21,7 @@ TINY = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=
         "model.dropout=0.1"]
 STEPS, WARMUP, STOP_AT = 60, 15, 25
 ONEBIT = ["dist.compression=\"onebit\"", f"dist.onebit_warmup_steps={WARMUP}", "dist.chunk=256",
-          "dist.bucket_cap_mb=0.02"]  # many buckets: their exchanges overlap each other and the backward
+          "dist.bucket_cap_mb=0.01"]  # many buckets: their exchanges overlap each other and the backward
 
 
 @pytest.fixture(scope="module")

@@ -159,14 +159,14 @@ def test_batched_orthogonalize_equals_one_matrix_at_a_time():
     torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-6)
 
 
-def _model():
+def _model(tie_embeddings: bool = True):
     torch.manual_seed(0)
     return build_model(ModelConfig(n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=64, eos_id=0, window=4,
-                                   global_every=2))
+                                   global_every=2, tie_embeddings=tie_embeddings))
 
 
 def test_groups_and_rates():
-    model = _model()
+    model = _model(tie_embeddings=False)
     cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.02, embed_lr=0.05, head_lr=0.004, scalar_lr=0.01)
     opt = build_optimizer(model, cfg, torch.device("cpu"))
     assert isinstance(opt, Muon)
@@ -180,6 +180,16 @@ def test_groups_and_rates():
     assert len(kinds) == len(list(model.parameters()))
     with pytest.raises(UserError, match="1-bit Adam"):
         build_optimizer(model, cfg, torch.device("cpu"), freeze_variance_at=10)
+
+
+def test_a_tied_embedding_trains_once_at_the_heads_rate():
+    model = _model(tie_embeddings=True)
+    cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.02, embed_lr=0.05, head_lr=0.004, scalar_lr=0.01)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    shared = [(g["kind"], round(g["lr"] * g["lr_scale"], 6)) for g in opt.param_groups for p in g["params"]
+              if p is model.wte.weight]
+    assert shared == [("adam", 0.004)]
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
 @pytest.mark.parametrize("setting,device,triton,compiled", [

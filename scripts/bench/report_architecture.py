@@ -63,6 +63,16 @@ def _changed(entry: dict) -> str:
     return "".join(f" + --set {o}" for o in mine)
 
 
+def _embedding(entry: dict) -> str:
+    """How a run's input table relates to its head, read from its parameter counts: an untied table is a
+    head-sized block of parameters outside the matrix products (the head lies inside them)."""
+    head = entry["matmul_params"] - entry["block_params"]
+    outside_products = entry["params"] - entry["matmul_params"]
+    if outside_products > head / 2:
+        return "untied: the extra input table is a lookup, no FLOPs"
+    return "embedding tied to the head"
+
+
 def convergence_part(results: dict) -> tuple[dict, dict]:
     """(metrics, notes by tag) of the convergence and throughput part; empty when its runs are missing."""
     gpt2, tscale = results.get("gpt2"), results.get("tscale")
@@ -113,8 +123,7 @@ def convergence_part(results: dict) -> tuple[dict, dict]:
             f"Parameters matched inside the blocks: gpt2 {gpt2['block_params'] / 1e6:.2f}M, tscale "
             f"{tscale['block_params'] / 1e6:.2f}M; matrix-product parameters per token (head included) "
             f"{gpt2['matmul_params'] / 1e6:.2f}M vs {tscale['matmul_params'] / 1e6:.2f}M; all parameters "
-            f"{gpt2['params'] / 1e6:.2f}M (embedding tied to the head) vs {tscale['params'] / 1e6:.2f}M (untied: the "
-            f"extra input table is a lookup, no FLOPs)."),
+            f"{gpt2['params'] / 1e6:.2f}M ({_embedding(gpt2)}) vs {tscale['params'] / 1e6:.2f}M ({_embedding(tscale)})."),
         "throughput": (
             f"training tokens/s of the same two runs (same loop, bf16 autocast, torch.compile, "
             f"{g['per_step']:,} tokens a step) after their first {WARMUP_STEPS_SKIPPED} steps: tscale "

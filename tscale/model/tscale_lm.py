@@ -1,11 +1,12 @@
 """The `tscale` architecture: a GPT-style decoder with the modern token-efficiency changes, each switchable.
 
 Against the gpt2 baseline: rotary positions (RoPE), no biases, RMS normalisation, QK
-normalisation, squared-ReLU MLP, zero-initialised output projections, untied embedding and
-head, logit soft-capping, an attention sink (softmax plus one), attention that never crosses
-a document boundary (documents end with the eos token; the eos token opens the next document,
-like a BOS), and hybrid attention: most layers see a sliding window, every `global_every`-th
-layer (counted back from the last) the whole context. Every switch is a ModelConfig field.
+normalisation, squared-ReLU MLP, zero-initialised output projections, the embedding tied to
+the head or not (tied by default: faster to converge at 124M), logit soft-capping, an
+attention sink (softmax plus one), attention that never crosses a document boundary
+(documents end with the eos token; the eos token opens the next document, like a BOS), and
+hybrid attention: most layers see a sliding window, every `global_every`-th layer (counted
+back from the last) the whole context. Every switch is a ModelConfig field.
 Attention goes through tscale.ops.attention, or, for training steps given the batch's document
 runs (`train.attention = "fa2"` / "cudnn"; "fa2_global" / "cudnn_global": the global layers only),
 through tscale.ops.attention_runs (FlashAttention-2 / cuDNN). Built with an enabled IndexConfig, it also
