@@ -254,7 +254,8 @@ def test_every_benchmark_preset_loads_with_the_settings_its_name_promises():
         assert cfg.model.arch == ("gpt2" if name.startswith("gpt2") else "tscale")
         assert cfg.model.seq_len == 4096
         assert (cfg.train.attention == "cudnn") == ("_cudnn" in name and "cudnn_global" not in name)
-        assert (cfg.model.global_every == 6) == name.endswith("_g6")
+        assert cfg.model.global_every == (6 if name.endswith("_g6") else 12 if name.endswith("_g12") else 4)
+        assert cfg.model.window == (64 if "_w64" in name else 0 if name == "tscale_sdpa" else 128)
         assert cfg.model.sink == ("nosink" not in name and name != "tscale_sdpa")
         assert cfg.train.qkv_kernel == name.endswith("_qkv")
     assert set(arch_speed.ALSO) < set(arch_speed.PRESETS) and "gpt2" not in arch_speed.ALSO

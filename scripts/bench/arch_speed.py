@@ -29,7 +29,8 @@ tscale_eager_step / tscale_cudnn_eager_step add tscale (with cuDNN) with `optim.
 eager update; on a GPU the default compiles it); tscale_nosink / tscale_cudnn_nosink with `model.sink = false`
 (no null slot, so none of its gating passes); tscale_qkv / tscale_cudnn_qkv with `train.qkv_kernel = true` (the
 fused attention-input kernel); tscale_g6 / tscale_cudnn_g6 with `model.global_every = 6` (2 global layers of 12
-instead of 3). --seq-len T
+instead of 3); tscale_cudnn_g12 with one global layer, tscale_cudnn_w64_g12 with it and windows of 64 tokens.
+--seq-len T
 trains both presets on windows of T tokens (model.seq_len; gpt2's position table grows with it) with
 --batch-size scaled by 1024 / T, so that every step holds the same tokens; its metrics end in _T<T>.
 --rounds N runs every preset N times, the order reversed every other round (the GPU's clock drifts over
@@ -95,6 +96,9 @@ PRESETS = {  # in the order they run
     "tscale_cudnn_qkv": Preset((CUDNN, "train.qkv_kernel=true"), also=True),
     "tscale_g6": Preset(("model.global_every=6",), also=True),
     "tscale_cudnn_g6": Preset((CUDNN, "model.global_every=6"), also=True),
+    # one global layer of 12, and windows of 64: what the 0.25 attention target at T 4096 would take (docs/architecture.md)
+    "tscale_cudnn_g12": Preset((CUDNN, "model.global_every=12"), also=True),
+    "tscale_cudnn_w64_g12": Preset((CUDNN, "model.window=64", "model.global_every=12"), also=True),
 }
 ALSO = tuple(name for name, preset in PRESETS.items() if preset.also)  # --also's presets
 
@@ -170,7 +174,7 @@ def main() -> None:
     ap.add_argument("--also", nargs="+", default=[], choices=ALSO,
                     help="also these presets (tscale_cudnn_bucket64: cuDNN with run counts padded to 64; "
                          "*eager_step: with optim.compile_step = false; *nosink: with model.sink = false; *qkv: with "
-                         "train.qkv_kernel = true)")
+                         "train.qkv_kernel = true; *_g6 / *_g12: 2 / 1 global layers of 12; *_w64: windows of 64)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every preset this many times, the order reversed every other round; record the mean")
     ap.add_argument("--seq-len", type=int, default=1024,
