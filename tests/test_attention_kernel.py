@@ -183,7 +183,7 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
     (1, 1, 150, 128, 300, "one", True),
     (1, 1, 1, 64, 0, "none", True),
     (1, 1, 300, 64, 0, "short", True),
-    (1, 1, 260, 128, 40, "one", False),  # one document: every masked tile pair takes the interval test
+    (1, 1, 260, 128, 40, "one", False),  # one document: every masked tile pair lies inside it
     (2, 1, 400, 64, 100, "sparse", True),  # documents of ~50 tokens: tile pairs inside one and across several
 ]
 
