@@ -205,18 +205,25 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
       }
     }
 
-    // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp), element by element.
+    // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp), element by element. Without a document boundary
+    // in the tile pair (one_doc), the queries that see a key here are one interval of columns.
     const int q0 = i * BM;
-    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, query_range(i), kd);
+    const DocRange qd = query_range(i);
+    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
+    const bool one_doc = single_document(docs, qd, kd);
+    int lo[2], hi[2];  // one_doc: key row key0 (r = 0) or key1 (r = 1) is seen by columns c = qc - 2 t4 in [lo, hi]
+    key_query_interval(key0, q0 + t4 * 2, T, window, lo[0], hi[0]);
+    key_query_interval(key1, q0 + t4 * 2, T, window, lo[1], hi[1]);
 #pragma unroll
     for (int j = 0; j < kQB; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int qc = j * 8 + t4 * 2 + (e & 1);  // query column within the tile
+        const int c = j * 8 + (e & 1), qc = t4 * 2 + c;  // qc: the query column within the tile
         float pv = exp2f(s[j][e] * p.scale_log2 - lse_t[qc]);
         if (!full) {
-          const bool ok = e < 2 ? visible(q0 + qc, key0, T, window, docs, docs ? qdocs_t[qc] : 0, kdoc0)
-                                : visible(q0 + qc, key1, T, window, docs, docs ? qdocs_t[qc] : 0, kdoc1);
+          const int r = e >> 1;
+          const bool ok = one_doc ? c >= lo[r] && c <= hi[r]
+                                  : visible(q0 + qc, r ? key1 : key0, T, window, docs, qdocs_t[qc], r ? kdoc1 : kdoc0);
           if (!ok) pv = 0.f;
         }
         s[j][e] = pv;

@@ -162,18 +162,32 @@ __device__ __forceinline__ DocRange doc_range(const int32_t* dmin, const int32_t
   return r;
 }
 
+// True when no document boundary falls inside the tile pair: every position of both lies in one document
+// (or there are no documents), so visibility is the causal, window and T bounds alone.
+__device__ __forceinline__ bool single_document(bool docs, DocRange qd, DocRange kd) {
+  return !docs || (qd.lo == qd.hi && kd.lo == kd.hi && qd.lo == kd.lo);
+}
+
 // True when every query in [q0, q1] sees every key in [k0, k1] (nominal tile extents, not clipped
 // to T: a tile that runs past T is never "all visible", so out-of-range keys always get masked).
 __device__ __forceinline__ bool all_visible(int q0, int q1, int k0, int k1, int window, bool docs, DocRange qd,
                                             DocRange kd) {
   if (k1 > q0) return false;                          // some key lies after some query
   if (window > 0 && q1 - k0 >= window) return false;  // some key is out of some query's window
-  if (docs && !(qd.lo == qd.hi && kd.lo == kd.hi && qd.lo == kd.lo)) return false;
-  return true;
+  return single_document(docs, qd, kd);               // and no document boundary inside the pair
 }
 
 __device__ __forceinline__ bool visible(int p, int j, int T, int window, bool docs, int doc_p, int doc_j) {
   return j <= p && (window == 0 || p - j < window) && j < T && (!docs || doc_p == doc_j);
+}
+
+constexpr int kNoBound = 1 << 30;  // an interval end no tile offset reaches
+
+// In a tile pair without a document boundary, the queries p that see key j lie in [j, j + window - 1] (none
+// when j >= T; visible()); as offsets c = p - base: [lo, hi].
+__device__ __forceinline__ void key_query_interval(int j, int base, int T, int window, int& lo, int& hi) {
+  lo = j < T ? j - base : kNoBound;
+  hi = window > 0 ? j + window - 1 - base : kNoBound;
 }
 
 // Block-wide min (is_min) or max of one int held by every thread that has one (has == true);

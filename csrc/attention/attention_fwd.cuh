@@ -192,8 +192,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     cp_async_commit();
 
     // Mask, then online softmax on each m-tile's rows (s[mt][.][0..1]: row g, s[mt][.][2..3]: row g + 8).
+    // Without a document boundary in the tile pair (single_document), the mask skips the key documents'
+    // shared-memory reads: the causal, window and T bounds decide alone.
     const int k0 = t * kTile;
-    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, key_range(t));
+    const DocRange kd = key_range(t);
+    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
+    const bool doc_mask = !single_document(docs, qd, kd);
     const int32_t* kdocs = key_docs + parity * kTile;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -205,7 +209,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
           if (!full) {
             const int key = k0 + j * 8 + t4 * 2 + (e & 1);
             const int r = e >> 1;
-            if (!visible(row_of(mt, r), key, T, window, docs, rdoc[mt][r], docs ? kdocs[key - k0] : 0)) x = -INFINITY;
+            if (!visible(row_of(mt, r), key, T, window, doc_mask, rdoc[mt][r], doc_mask ? kdocs[key - k0] : 0))
+              x = -INFINITY;
           }
           s[mt][j][e] = x;
         }
