@@ -159,10 +159,11 @@ def test_batched_orthogonalize_equals_one_matrix_at_a_time():
     torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-6)
 
 
-def _model(tie_embeddings: bool = True):
+def _model(**overrides):
+    """A tiny tscale model; `overrides`: ModelConfig fields (its defaults otherwise)."""
     torch.manual_seed(0)
     return build_model(ModelConfig(n_layer=2, n_head=2, d_model=32, seq_len=16, vocab_size=64, eos_id=0, window=4,
-                                   global_every=2, tie_embeddings=tie_embeddings))
+                                   global_every=2, **overrides))
 
 
 def test_groups_and_rates():
