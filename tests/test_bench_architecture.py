@@ -261,6 +261,22 @@ def test_every_benchmark_preset_loads_with_the_settings_its_name_promises():
     assert set(arch_speed.ALSO) < set(arch_speed.PRESETS) and "gpt2" not in arch_speed.ALSO
 
 
+def test_benchmark_presets_run_only_when_a_flag_chooses_them():
+    """arch_speed.py runs gpt2 and tscale always, any other preset only on its flag, and every preset has one."""
+    import arch_speed
+
+    def selected(*flags):
+        return arch_speed.selected_presets(arch_speed.build_parser().parse_args(["TOKENS", *flags]))
+
+    assert selected() == ["gpt2", "tscale"]
+    assert selected("--fa2", "--attention", "cudnn", "--also", "tscale_cudnn_g12") == [
+        "gpt2", "tscale", "tscale_fa2", "tscale_cudnn", "tscale_cudnn_g12"]
+    assert selected("--logits-loss") == ["gpt2_logits_loss", "gpt2", "tscale_logits_loss", "tscale"]
+    every = selected("--attention", *arch_speed.ALTERNATIVES, "--fused-loss", "--logits-loss", "--sdpa-baseline",
+                     "--also", *arch_speed.ALSO)
+    assert every == list(arch_speed.PRESETS)
+
+
 def test_sdpa_baseline_preset_runs_the_tscale_model_through_causal_sdpa(monkeypatch):
     """arch_profile's baseline of the attention-cost target: the preset's settings and environment make every
     layer of a tscale model plain causal SDPA, and the environment is restored after."""

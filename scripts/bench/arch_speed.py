@@ -68,20 +68,22 @@ CUDNN = 'train.attention="cudnn"'
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A benchmarked setup: its config file, overrides and environment; `also`: chosen with --also."""
+    """A benchmarked setup: its config file, overrides and environment; `also`: chosen with --also; `always`: in
+    every run (the two the ratios compare), where every other preset runs only when a flag chooses it."""
 
     overrides: tuple[str, ...] = ()
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     also: bool = False
     config: str = "configs/tscale-124m.toml"
+    always: bool = False
 
 
 GPT2 = "configs/gpt2-124m.toml"
 PRESETS = {  # in the order they run
     "gpt2_logits_loss": Preset(("train.loss_kernel=false",), config=GPT2),
-    "gpt2": Preset(config=GPT2),
+    "gpt2": Preset(config=GPT2, always=True),
     "tscale_logits_loss": Preset(("train.loss_kernel=false",)),
-    "tscale": Preset(),
+    "tscale": Preset(always=True),
     **{f"tscale_{alt}": Preset((f'train.attention="{alt}"',)) for alt in ALTERNATIVES},
     "tscale_fused_loss": Preset(("train.fused_loss=true",)),
     "tscale_sdpa": Preset(("model.window=0", "model.doc_mask=false", "model.sink=false"),
@@ -101,6 +103,23 @@ PRESETS = {  # in the order they run
     "tscale_cudnn_w64_g12": Preset((CUDNN, "model.window=64", "model.global_every=12"), also=True),
 }
 ALSO = tuple(name for name, preset in PRESETS.items() if preset.also)  # --also's presets
+
+
+def chosen_alternatives(args: argparse.Namespace) -> set[str]:
+    """train.attention's choices the flags ask for (--attention, --fa2, --fa2-global)."""
+    return {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
+
+
+def selected_presets(args: argparse.Namespace) -> list[str]:
+    """The presets to run, in PRESETS' order: those always run, and those the flags choose."""
+    chosen = {f"tscale_{alt}" for alt in chosen_alternatives(args)} | set(args.also)
+    if args.fused_loss:
+        chosen.add("tscale_fused_loss")
+    if args.logits_loss:
+        chosen |= {"gpt2_logits_loss", "tscale_logits_loss"}
+    if args.sdpa_baseline:
+        chosen.add("tscale_sdpa")
+    return [name for name, preset in PRESETS.items() if preset.always or name in chosen]
 
 
 def preset_config(name: str, overrides: list[str]):
@@ -155,7 +174,8 @@ def speed_note(args: argparse.Namespace, alternatives: set[str], batch: int) -> 
             f"{f', {args.rounds} rounds (order reversed every other round), the mean recorded' if args.rounds > 1 else ''}")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of main."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tokens", type=Path, help="token folder (tscale tokenize, GPT-2 BPE)")
     ap.add_argument("--modes", nargs="+", default=["default", "reduce-overhead"],
@@ -180,7 +200,11 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024,
                     help="tokens per window; the batch shrinks by the same factor (--batch-size is for 1024)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("arch_speed.py: needs a CUDA GPU (it times the compiled GPU step)")
     if not (args.tokens / "manifest.json").is_file():
@@ -193,11 +217,8 @@ def main() -> None:
     batch = args.batch_size * 1024 // args.seq_len
     suffix = "" if args.seq_len == 1024 else f"_T{args.seq_len}"
     metrics = {}
-    alternatives = {*args.attention, *(["fa2"] if args.fa2 else []), *(["fa2_global"] if args.fa2_global else [])}
-    chosen = {**{f"tscale_{alt}": alt in alternatives for alt in ALTERNATIVES}, "tscale_fused_loss": args.fused_loss,
-              "gpt2_logits_loss": args.logits_loss, "tscale_logits_loss": args.logits_loss,
-              "tscale_sdpa": args.sdpa_baseline, **{preset: preset in args.also for preset in ALSO}}
-    archs = [a for a in PRESETS if chosen.get(a, True)]
+    alternatives = chosen_alternatives(args)
+    archs = selected_presets(args)
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
         runs: dict[str, list[float]] = {arch: [] for arch in archs}
