@@ -7,10 +7,11 @@
 #        .devdata/data for the screen: all three exceed one call's 64 MiB)
 #
 # Builds the package and tokenizes (step_bench_prelude.sh), then, until SECONDS (default 575) after the start:
-# with the cuDNN frontend carried (.devdata/hopper), arch_profile.py over tscale_cudnn_w64_g12, tscale_cudnn_g12 and tscale_sdpa at T 4096, ROUNDS rounds (default 1)
-# (OUT_DIR/arch_profile_g12_T4096.json: cuDNN's attention kernels with one global layer against causal SDPA in
-# every layer); with the whole corpus carried (.devdata/data, not .devdata/sub), issue3_gpu.sh's screen of model.window=64 + model.global_every=12 and model.global_every=12
-# against gpt2's recorded run (OUT_DIR/screen.md, screen.json).
+#   with the cuDNN frontend carried (.devdata/hopper): arch_profile.py over tscale_cudnn_w64_g12, tscale_cudnn_g12
+#   and tscale_sdpa at T 4096, ROUNDS rounds (default 1) (OUT_DIR/arch_profile_g12_T4096.json: cuDNN's attention
+#   kernels with one global layer against causal SDPA in every layer);
+#   with the whole corpus carried (.devdata/data, not .devdata/sub): issue3_gpu.sh's screen of model.window=64 +
+#   model.global_every=12 and model.global_every=12 against gpt2's recorded run (OUT_DIR/screen.md, screen.json).
 set -u -o pipefail
 OUT=${1:?usage: global12_screen.sh OUT_DIR [SECONDS]}
 whole_corpus=0
