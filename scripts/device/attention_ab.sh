@@ -11,7 +11,9 @@
 # (docs/bench/attention_kernel.json); the resources (registers, spills) of this tree's and BASE_DIR's kernels;
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
 # code slice from .devdata/data, 3 steps profiled; OUT_DIR/model-<name>/results.json) for this tree and each
-# other. Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
+# other; last, OUT_DIR/ab_summary.json (scripts/bench/attention_ab_summary.py: per tree, kernel time per call by
+# mask, main forward and backward kernels apart, and the model's ratios), which comes back when the logs do not.
+# Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
   cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 "attention_\|doc_stats" | grep -v "^--" \
@@ -50,4 +52,5 @@ model_cost() {  # NAME PYTHONPATH-FIRST: the attention of a tscale 124M step, ti
 }
 model_cost new "$PWD"
 for dir in "${BASES[@]}"; do model_cost "$(basename "$dir")" "$dir"; done
+python3 scripts/bench/attention_ab_summary.py "$OUT" | tail -1
 true
