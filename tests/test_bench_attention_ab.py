@@ -22,14 +22,13 @@ def _profile(out: Path, tree: str, round_: int, fwd: float, bwd: float, dq: floa
 
 
 def test_summary_averages_rounds_per_tree_and_reads_the_model_ratios(tmp_path):
-    (tmp_path / "logs").mkdir()
+    (tmp_path / "model-new").mkdir()
     _profile(tmp_path, "new", 1, fwd=0.140, bwd=0.300, dq=0.080)
     _profile(tmp_path, "new", 2, fwd=0.144, bwd=0.310, dq=0.078)
     _profile(tmp_path, "attn-main", 1, fwd=0.150, bwd=0.320, dq=0.079)
     _profile(tmp_path, "attn-main", 2, fwd=0.150, bwd=0.330, dq=0.079)
-    (tmp_path / "logs" / "model-new.log").write_text(
-        "warm-up\nattention T=1024: tscale 10.15 ms, SDPA 7.39 ms, ratio 1.373\n"
-        "attention T=4096: tscale 18.23 ms, SDPA 19.50 ms, ratio 0.93\n")
+    (tmp_path / "model-new" / "results.json").write_text(json.dumps({"attention": {
+        "1024": {"tscale_s": 10.15e-3, "sdpa_s": 7.39e-3}, "4096": {"tscale_s": 18.23e-3, "sdpa_s": 19.50e-3}}}))
     summary = attention_ab_summary.summarize(tmp_path)
     assert summary["gpu"] == "NVIDIA H200" and set(summary["trees"]) == {"new", "attn-main"}
     new = summary["trees"]["new"]
@@ -41,7 +40,7 @@ def test_summary_averages_rounds_per_tree_and_reads_the_model_ratios(tmp_path):
                             "attention_ratio_T4096": pytest.approx(0.935, abs=1e-3)}
     base = summary["trees"]["attn-main"]
     assert base["masks"]["T1024_local"]["bwd_us"] == pytest.approx(325.0)
-    assert base["model"] == {}  # its model run left no log: no ratios rather than a guess
+    assert base["model"] == {}  # its model run left no results: no ratios rather than a guess
 
 
 def test_summary_of_a_folder_without_profiles_says_what_to_run(tmp_path):

@@ -3,8 +3,8 @@
     python scripts/bench/attention_ab_summary.py OUT_DIR [--out OUT_DIR/ab_summary.json]
 
 Reads what scripts/device/attention_ab.sh leaves in OUT_DIR: profile-<tree>-<round>.json (attention_profile.py: GPU
-milliseconds per kernel and call, by mask) and logs/model-<tree>.log (architecture.py attention's lines
-"attention T=...: tscale X ms, SDPA Y ms, ratio R"). Writes, per tree, each mask's mean over the rounds of the whole
+milliseconds per kernel and call, by mask) and model-<tree>/results.json (architecture.py attention: per window
+length, the step's attention time through tscale's path and through SDPA). Writes, per tree, each mask's mean over the rounds of the whole
 call and of its main forward and main backward kernels, in microseconds, and the model's ratios; prints a table.
 A call returns a limited number of files, so this one file carries what a record of the comparison needs.
 """
@@ -13,14 +13,11 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tscale.fileio import write_json_atomic  # noqa: E402
+from tscale.fileio import write_json_atomic
 
 PROFILE = re.compile(r"profile-(?P<tree>.+)-(?P<round>\d+)\.json")
-MODEL_LINE = re.compile(r"attention T=(?P<T>\d+): tscale (?P<ours>[\d.]+) ms, SDPA (?P<sdpa>[\d.]+) ms")
 MAIN_KERNELS = {"fwd_us": "attention_fwd_kernel<", "bwd_us": "attention_bwd_kernel<"}
 
 
@@ -36,12 +33,10 @@ def kernel_summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[
     return out
 
 
-def model_ratios(log: Path) -> dict[str, float]:
-    """attention_ratio_T<T> (tscale / SDPA) for every line architecture.py attention printed."""
-    ratios = {}
-    for m in MODEL_LINE.finditer(log.read_text() if log.is_file() else ""):
-        ratios[f"attention_ratio_T{m['T']}"] = round(float(m["ours"]) / float(m["sdpa"]), 3)
-    return ratios
+def model_ratios(results: Path) -> dict[str, float]:
+    """attention_ratio_T<T> (tscale / SDPA) for every window length architecture.py attention recorded."""
+    costs = json.loads(results.read_text()).get("attention", {}) if results.is_file() else {}
+    return {f"attention_ratio_T{T}": round(c["tscale_s"] / c["sdpa_s"], 3) for T, c in costs.items()}
 
 
 def summarize(out_dir: Path) -> dict:
@@ -58,7 +53,7 @@ def summarize(out_dir: Path) -> dict:
     if not by_tree:
         raise SystemExit(f"{out_dir}: no profile-<tree>-<round>.json (run scripts/device/attention_ab.sh first)")
     trees = {tree: {"rounds": len(rounds), "masks": kernel_summary(rounds),
-                    "model": model_ratios(out_dir / "logs" / f"model-{tree}.log")}
+                    "model": model_ratios(out_dir / f"model-{tree}" / "results.json")}
              for tree, rounds in by_tree.items()}
     return {**meta, "trees": trees}
 

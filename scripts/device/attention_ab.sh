@@ -12,7 +12,8 @@
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
 # code slice from .devdata/data, 3 steps profiled; OUT_DIR/model-<name>/results.json) for this tree and each
 # other; last, OUT_DIR/ab_summary.json (scripts/bench/attention_ab_summary.py: per tree, kernel time per call by
-# mask, main forward and backward kernels apart, and the model's ratios), which comes back when the logs do not.
+# mask, main forward and backward kernels apart, and the model's ratios from its results.json), which comes back
+# when the logs do not.
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
