@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
+  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
   const int n_qtiles = (T + BM - 1) / BM, n_ktiles = (T + kTile - 1) / kTile;
   const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
   const int h = blockIdx.y, b = blockIdx.z;
@@ -198,7 +199,11 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     const DocRange kd = key_range(t);
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
     const bool doc_mask = !single_document(docs, qd, kd);
-    const int32_t* kdocs = key_docs + parity * kTile;
+    const int32_t* kdocs = key_docs + parity * kTile + t4 * 2;
+    // This thread's element (mt, j, e) pairs row q0 + wrow + g + mt 16 + (e >> 1) 8 with key k0 + t4 2 + c,
+    // c = j 8 + (e & 1): its distance row - key is diff0 plus a constant of the unrolled loop, visible when
+    // 0 <= distance < span (one unsigned comparison) and c < keys_left (the T bound), as visible() decides.
+    const int diff0 = q0 + wrow + g - k0 - t4 * 2, keys_left = T - k0 - t4 * 2;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -207,10 +212,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
         for (int e = 0; e < 4; ++e) {
           float x = s[mt][j][e] * p.scale_log2;
           if (!full) {
-            const int key = k0 + j * 8 + t4 * 2 + (e & 1);
-            const int r = e >> 1;
-            if (!visible(row_of(mt, r), key, T, window, doc_mask, rdoc[mt][r], doc_mask ? kdocs[key - k0] : 0))
-              x = -INFINITY;
+            const int c = j * 8 + (e & 1), r = e >> 1;
+            bool seen = static_cast<unsigned>(diff0 + mt * 16 + r * 8 - c) < span && c < keys_left;
+            if (doc_mask) seen = seen && rdoc[mt][r] == kdocs[c];
+            if (!seen) x = -INFINITY;
           }
           s[mt][j][e] = x;
         }
