@@ -13,7 +13,9 @@
 //                                                          atomicAdd into dq_accum)
 //      The next query tile (Q, dO, lse, Delta, doc ids; double-buffered) is fetched while the
 //      current one is processed.
-//   3. dq: dq = scale * dq_accum as bf16 (B, H, T, D).
+//   3. dq: dq = scale * dq_accum as bf16 (B, H, T, D), one warp per 16-row strip, staged in shared
+//      memory so that rows leave as 16-byte stores (4-byte stores of fragment pairs, 16 bytes per row
+//      per instruction, cost the H200 far more than the bytes: docs/BENCHMARKS.md, "Whole-row stores").
 // dQ is accumulated with atomics (no second pass that would recompute S and dP): dq_accum holds,
 // for each 16-query x 8-dim block of each (b, h), its 128 floats in mma accumulator order
 // (element c of lane L at c * 32 + L), so one warp-wide atomicAdd covers 32 consecutive floats.
@@ -302,22 +304,42 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
   }
 }
 
-// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back from the fragment order; two dims per thread.
+// The dq kernel's shared memory: per warp, its 16-row strip of dq as bf16 rows of D + kPad elements.
+template <int D>
+struct DqLayout {
+  static constexpr int kPitch = D + kPad;
+  static constexpr size_t kBytes = size_t{8} * 16 * kPitch * 2;
+};
+
+// dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back in the fragment order the backward
+// kernel accumulated it in. One warp per 16-row strip of one (b, h): each 16 x 8 fragment block is 128 floats in
+// a row (c0..c3 of the 32 lanes), read as four coalesced 128-byte loads and staged in shared memory, so that the
+// rows leave as 16-byte stores, whole rows at a time.
 template <int D>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
-  const int64_t n = static_cast<int64_t>(p.B) * p.H * p.T * (D / 2);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % (D / 2)) * 2;
-    const int64_t row = i / (D / 2);  // over B * H * T
-    const int t = static_cast<int>(row % p.T);
-    const int64_t bh = row / p.T;
-    const float* blk = p.dq_accum + bh * p.T_pad * D + (static_cast<int64_t>(t >> 4) * (D / 8) + (d >> 3)) * 128;
-    const int r = t & 15;
-    const int lane = (r & 7) * 4 + ((d & 7) >> 1);  // groupID = row % 8, threadID_in_group = column / 2
-    const int c = (r >> 3) * 2;                     // c0/c1 for rows 0-7, c2/c3 for rows 8-15
-    *reinterpret_cast<uint32_t*>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h + t * p.sg.t + d) =
-        pack_bf16(blk[c * 32 + lane] * p.scale, blk[(c + 1) * 32 + lane] * p.scale);
+  constexpr int P = DqLayout<D>::kPitch, kChunks = D / 8;  // 16-byte chunks per row
+  TSCALE_ATTN_DYNAMIC_SMEM(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int strips = (p.T + 15) / 16;  // per (b, h)
+  const int64_t strip = static_cast<int64_t>(blockIdx.x) * 8 + warp;  // over B * H * strips
+  if (strip >= static_cast<int64_t>(p.B) * p.H * strips) return;  // whole warps leave together
+  const int64_t bh = strip / strips;
+  const int row0 = static_cast<int>(strip - bh * strips) * 16;
+  const uint32_t stage = smem_addr(smem) + warp * 16 * P * 2;  // (16, P) bf16
+  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D + lane;  // the strip's D / 8 fragment blocks
+#pragma unroll 4
+  for (int j = 0; j < D / 8; ++j) {
+    const float* f = blk + j * 128;
+    const uint32_t at = stage + (g * P + j * 8 + t4 * 2) * 2;
+    st_shared_u32(at, pack_bf16(f[0] * p.scale, f[32] * p.scale));
+    st_shared_u32(at + 8 * P * 2, pack_bf16(f[64] * p.scale, f[96] * p.scale));
+  }
+  warp_sync();
+  uint16_t* dq = p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h;
+  const int rows = imin(16, p.T - row0);
+  for (int i = lane; i < rows * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    copy_shared_to_global_16(dq + static_cast<int64_t>(row0 + r) * p.sg.t + c * 8, stage + (r * P + c * 8) * 2);
   }
 }
 
@@ -390,15 +412,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
   const int64_t delta_blocks = (rows + kWarps - 1) / kWarps;
   TORCH_CHECK(delta_blocks <= INT_MAX, op, ": too many rows");
   const dim3 grid(n_tiles, H, B);
-  const int64_t dq_blocks = std::min<int64_t>((rows * (D / 2) + 255) / 256, int64_t{1} << 20);
+  const int64_t dq_blocks = (static_cast<int64_t>(B) * H * ((T + 15) / 16) + 7) / 8;  // 8 warps, one strip each
+  TORCH_CHECK(dq_blocks <= INT_MAX, op, ": too many rows");
   if (D == 64) {
     launch_kernel(attention_bwd_delta_kernel<64>, dim3(delta_blocks), dim3(kThreads), 0, p);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, p);
-    launch_kernel(attention_bwd_dq_kernel<64>, dim3(dq_blocks), dim3(256), 0, p);
+    launch_kernel(attention_bwd_dq_kernel<64>, dim3(dq_blocks), dim3(256), DqLayout<64>::kBytes, p);
   } else {
     launch_kernel(attention_bwd_delta_kernel<128>, dim3(delta_blocks), dim3(kThreads), 0, p);
     launch_kernel(attention_bwd_kernel<128>, grid, dim3(kThreads), BwdLayout<128>::kBytes, p);
-    launch_kernel(attention_bwd_dq_kernel<128>, dim3(dq_blocks), dim3(256), 0, p);
+    launch_kernel(attention_bwd_dq_kernel<128>, dim3(dq_blocks), dim3(256), DqLayout<128>::kBytes, p);
   }
   return {dq, dk, dv};
 }

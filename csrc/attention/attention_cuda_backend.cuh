@@ -78,6 +78,20 @@ __device__ __forceinline__ int warp_xor_i32(int v, int mask) { return __shfl_xor
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 // Four zero floats at a 16-byte aligned global address, one store.
 __device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }
+// 32 bits to shared memory; 16 bytes from shared memory to a 16-byte aligned global address.
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void copy_shared_to_global_16(void* gmem, uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  *reinterpret_cast<uint4*>(gmem) = v;
+}
+// Every lane of the warp arrives before any goes on; shared writes before it are visible after it.
+__device__ __forceinline__ void warp_sync() { __syncwarp(); }
 __device__ __forceinline__ void atomic_min_shared(int* p, int v) { atomicMin(p, v); }
 __device__ __forceinline__ void atomic_max_shared(int* p, int v) { atomicMax(p, v); }
 

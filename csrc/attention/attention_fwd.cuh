@@ -7,7 +7,8 @@
 //   S = Q K^T (16 MT x 64 fp32 per warp, mma.sync m16n8k16), mask, online softmax in registers,
 //   O += P V with P converted in registers to the bf16 A operand (no trip through shared memory).
 // K and V have one shared buffer each; the next K tile is fetched while softmax and P V run, the
-// next V tile while the next S = Q K^T runs (cp.async groups, see the loop).
+// next V tile while the next S = Q K^T runs (cp.async groups, see the loop). At the end each warp
+// stages its rows of O in its own rows of the Q tile and writes them as 16-byte stores of whole rows.
 // The kernel is bound by the latency of its dependent instructions, so what matters most is how
 // many warps a multiprocessor holds, and registers set that (docs/BENCHMARKS.md, "What bounds the
 // kernels"). MIN_BLOCKS = 3 caps them at 168 a thread for three blocks (12 warps) per
@@ -271,9 +272,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
 
-  // Epilogue: O / denominator and the logsumexp, for rows inside T.
+  // Epilogue: O / denominator and the logsumexp, for rows inside T. O is staged in the warp's own rows of the
+  // Q tile (no other warp reads them) and leaves as 16-byte stores of whole rows.
   uint16_t* og = p.o + b * p.so.b + h * p.so.h;  // (T, D) rows of this (b, h), p.so.t apart
   float* lse = p.lse + bh * T;
+  const uint32_t o_s = q_s + wrow * P * 2;  // (16 MT, D) bf16, pitch P
+  warp_sync();                              // every lane's last read of Q is behind it
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -284,17 +288,19 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
       const float base = m[mt][r] == -INFINITY ? 0.f : m[mt][r];
       if (p.sink) sum += exp2f(-base);  // the null slot: logit 0, value 0
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int rw = row_of(mt, r);
-      if (rw < T) {
-        uint16_t* orow = og + static_cast<int64_t>(rw) * p.so.t;
+      const uint32_t at = o_s + ((mt * 16 + r * 8 + g) * P + t4 * 2) * 2;
 #pragma unroll
-        for (int j = 0; j < kDB; ++j) {
-          *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
-              pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
-        }
-        if (t4 == 0) lse[rw] = sum > 0.f ? (base + log2f(sum)) * kLn2 : INFINITY;
-      }
+      for (int j = 0; j < kDB; ++j) st_shared_u32(at + j * 16, pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv));
+      const int rw = row_of(mt, r);
+      if (t4 == 0 && rw < T) lse[rw] = sum > 0.f ? (base + log2f(sum)) * kLn2 : INFINITY;
     }
+  }
+  warp_sync();
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const int rows = imin(16 * MT, T - q0 - wrow);
+  for (int i = lane; i < rows * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    copy_shared_to_global_16(og + static_cast<int64_t>(q0 + wrow + r) * p.so.t + c * 8, o_s + (r * P + c * 8) * 2);
   }
 }
 

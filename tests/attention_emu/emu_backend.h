@@ -224,6 +224,14 @@ inline void store_zero_16(float* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_zero_16 at an address that is not 16-byte aligned");
   std::memset(p, 0, 16);
 }
+inline void st_shared_u32(uint32_t addr, uint32_t v) { std::memcpy(shared_at(addr, 4, 4), &v, 4); }
+inline void copy_shared_to_global_16(void* gmem, uint32_t addr) {
+  if (reinterpret_cast<uintptr_t>(gmem) % 16 != 0) emu::fail("copy_shared_to_global_16 to an address that is not 16-byte aligned");
+  std::memcpy(gmem, shared_at(addr, 16, 16), 16);
+}
+inline void warp_sync() {
+  emu::collective(6, nullptr, nullptr, [](emu::Fiber**) {});
+}
 inline void atomic_min_shared(int* p, int v) { *p = std::min(*p, v); }
 inline void atomic_max_shared(int* p, int v) { *p = std::max(*p, v); }
 
