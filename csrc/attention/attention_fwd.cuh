@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const uint32_t at = o_s + ((mt * 16 + r * 8 + g) * P + t4 * 2) * 2;
 #pragma unroll
-      for (int j = 0; j < kDB; ++j) st_shared_u32(at + j * 16, pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv));
+      for (int j = 0; j < kDB; ++j)
+        st_shared_u32(at + j * 16, pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv));
       const int rw = row_of(mt, r);
       if (t4 == 0 && rw < T) lse[rw] = sum > 0.f ? (base + log2f(sum)) * kLn2 : INFINITY;
     }

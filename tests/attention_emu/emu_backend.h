@@ -226,7 +226,8 @@ inline void store_zero_16(float* p) {
 }
 inline void st_shared_u32(uint32_t addr, uint32_t v) { std::memcpy(shared_at(addr, 4, 4), &v, 4); }
 inline void copy_shared_to_global_16(void* gmem, uint32_t addr) {
-  if (reinterpret_cast<uintptr_t>(gmem) % 16 != 0) emu::fail("copy_shared_to_global_16 to an address that is not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(gmem) % 16 != 0)
+    emu::fail("copy_shared_to_global_16 to an address that is not 16-byte aligned");
   std::memcpy(gmem, shared_at(addr, 16, 16), 16);
 }
 inline void warp_sync() {
