@@ -317,7 +317,7 @@ struct DqLayout {
 // rows leave as 16-byte stores, whole rows at a time.
 template <int D>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
-  constexpr int P = DqLayout<D>::kPitch, kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int P = DqLayout<D>::kPitch;
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int strips = (p.T + 15) / 16;  // per (b, h)
@@ -335,12 +335,7 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
     st_shared_u32(at + 8 * P * 2, pack_bf16(f[64] * p.scale, f[96] * p.scale));
   }
   warp_sync();
-  uint16_t* dq = p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h;
-  const int rows = imin(16, p.T - row0);
-  for (int i = lane; i < rows * kChunks; i += 32) {
-    const int r = i / kChunks, c = i % kChunks;
-    copy_shared_to_global_16(dq + static_cast<int64_t>(row0 + r) * p.sg.t + c * 8, stage + (r * P + c * 8) * 2);
-  }
+  store_rows<D>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h, p.sg.t, row0, stage, imin(16, p.T - row0), lane);
 }
 
 // The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage (token_major).

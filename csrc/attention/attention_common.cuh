@@ -138,6 +138,17 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const uint16_t* g, int6
   }
 }
 
+// The reverse, by one warp: its staged rows [0, rows) of the shared tile [.][D + kPad] (at `tile`) to rows
+// row0.. of a (T, D) bf16 matrix with row stride `stride`, as 16-byte stores of whole rows.
+template <int D>
+__device__ __forceinline__ void store_rows(uint16_t* g, int64_t stride, int row0, uint32_t tile, int rows, int lane) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int i = lane; i < rows * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    copy_shared_to_global_16(g + static_cast<int64_t>(row0 + r) * stride + c * 8, tile + 2 * (r * (D + kPad) + c * 8));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Mask rules. Query p sees key j iff j <= p, p - j < window (window 0: no limit), j < T and
 // doc[j] == doc[p]. Tiles are skipped whole when no pair can be visible, and the per-element

@@ -297,12 +297,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     }
   }
   warp_sync();
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  const int rows = imin(16 * MT, T - q0 - wrow);
-  for (int i = lane; i < rows * kChunks; i += 32) {
-    const int r = i / kChunks, c = i % kChunks;
-    copy_shared_to_global_16(og + static_cast<int64_t>(q0 + wrow + r) * p.so.t + c * 8, o_s + (r * P + c * 8) * 2);
-  }
+  store_rows<D>(og, p.so.t, q0 + wrow, o_s, imin(16 * MT, T - q0 - wrow), lane);
 }
 
 // The forward's configuration: rows per warp (16: 64-query tiles, 32: 128-query tiles) and the
