@@ -123,6 +123,39 @@ def test_kernel_strided_inputs_and_int64_docs():
 @pytest.mark.cuda
 @needs_kernel
 @needs_sm80
+def test_kernel_backward_under_cuda_graph_capture():
+    """The backward as torch.compile's reduce-overhead mode runs it, captured in a CUDA graph: every replay gives
+    the reference's gradients, and so do eager calls before and after the capture."""
+    q, k, v, do, docs = _case(2, 3, 300, 128, "short", seed=11, device="cuda")
+    docs32, scale = docs.int(), 128 ** -0.5
+    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, docs32, 64, True, scale)
+    want = _reference(q, k, v, do, window=64, doc_ids=docs, sink=True, scale=scale)[1:]
+
+    def backward():
+        return torch.ops.tscale.attention_bwd_cuda(do, q, k, v, out, lse, docs32, 64, True, scale)
+
+    for name, a, b in zip(("dq", "dk", "dv"), backward(), want):
+        _assert_close(name, a, b)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        backward()  # warm-up on a side stream, as torch.cuda.graph asks
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = backward()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, a, b in zip(("dq", "dk", "dv"), captured, want):
+            _assert_close(f"replayed {name}", a, b)
+    for name, a, b in zip(("dq", "dk", "dv"), backward(), want):
+        _assert_close(f"eager {name} after the graph", a, b)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
 @pytest.mark.parametrize("sink", [False, True])
 def test_lonely_rows_are_finite(sink):
     """Every query sees itself, so no row is ever empty; the nearest cases are a query whose only key is
@@ -192,10 +225,12 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
 @pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
+    """With copy_mode 0 the blocks also run in a random order, as hardware may run them."""
     _set_forward_config(fwd, monkeypatch)
     B, H, T, D, window, layout, sink = case
     emu.set_seed(T + copy_mode)
     emu.set_copy_mode(copy_mode)
+    emu.set_block_order(1 - copy_mode)
     q, k, v, do, docs = _case(B, H, T, D, layout, seed=T)
     docs32 = docs.int() if docs is not None else None
     kw = dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
@@ -220,6 +255,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
 def test_emulated_kernel_strided_inputs(emu):
     """(B, T, H, D) storage seen as (B, H, T, D), with NaN-filled neighbours: a stray read would show."""
     emu.set_copy_mode(0)
+    emu.set_block_order(1)
     B, H, T, D = 1, 2, 70, 64
     g = torch.Generator().manual_seed(1)
     store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
@@ -252,6 +288,7 @@ def emulated_op(emu):
     lib.impl("attention_fwd_cuda", lambda *a: emu.fwd(*a), "CPU")
     lib.impl("attention_bwd_cuda", lambda *a: emu.bwd(*a), "CPU")
     emu.set_copy_mode(0)
+    emu.set_block_order(1)
     yield
     lib._destroy()
 

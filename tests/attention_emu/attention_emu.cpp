@@ -32,5 +32,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd", &bwd);
   m.def("set_seed", [](uint64_t seed) { emu::rt().rng.seed(seed); });
   m.def("set_copy_mode", [](int mode) { emu::rt().copy_mode = mode; });
+  m.def("set_block_order", [](int order) { emu::rt().block_order = order; });
   m.def("switches", [] { return emu::rt().switches; });
 }

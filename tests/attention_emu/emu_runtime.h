@@ -1,4 +1,5 @@
-// A small SIMT emulator for testing CUDA kernels on a CPU: one block at a time, one fiber per thread.
+// A small SIMT emulator for testing CUDA kernels on a CPU: one block at a time (in grid order or a random
+// permutation, block_order), one fiber per thread.
 //
 // Fibers (ucontext) switch only at synchronisation points: __syncthreads and warp collectives
 // (ldmatrix, mma, shuffles), where the waiting fiber yields. The scheduler resumes a random ready
@@ -14,6 +15,7 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +69,7 @@ struct Runtime {
   std::string error;
   uint64_t switches = 0;
   int copy_mode = 0;  // cp.async completion: 0 random per copy, 1 at issue (early), 2 at the retiring wait (late)
+  int block_order = 0;  // 0: blocks in x, y, z order; 1: a random permutation (hardware promises no order)
 };
 
 inline Runtime& rt() {
@@ -189,18 +192,21 @@ inline void launch(Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void(
   r.block = block;
   r.body = std::move(body);
   r.error.clear();
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        r.block_idx = Dim3{x, y, z};
-        run_block(smem_bytes);
-        if (!r.error.empty()) {
-          const std::string e = "emu: block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
-                                std::to_string(z) + "): " + r.error;
-          r.error.clear();
-          throw std::runtime_error(e);
-        }
-      }
+  std::vector<uint64_t> order(static_cast<size_t>(grid.x) * grid.y * grid.z);  // linear block ids, x fastest
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (r.block_order == 1) std::shuffle(order.begin(), order.end(), r.rng);
+  for (const uint64_t i : order) {
+    const unsigned x = static_cast<unsigned>(i % grid.x), y = static_cast<unsigned>(i / grid.x % grid.y);
+    const unsigned z = static_cast<unsigned>(i / (static_cast<uint64_t>(grid.x) * grid.y));
+    r.block_idx = Dim3{x, y, z};
+    run_block(smem_bytes);
+    if (!r.error.empty()) {
+      const std::string e = "emu: block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
+                            std::to_string(z) + "): " + r.error;
+      r.error.clear();
+      throw std::runtime_error(e);
+    }
+  }
 }
 
 }  // namespace emu
