@@ -349,15 +349,12 @@ def test_profile_reports_each_tscale_presets_attention_against_sdpa_over_rounds(
 
 def test_speed_runs_at_other_lengths_keep_their_own_paragraph():
     """arch_speed.py's record paragraph is named by the window length, so a run at 4096 leaves the 1024 one."""
-    import argparse
-
     import arch_speed
 
-    args = argparse.Namespace(fused_loss=False, logits_loss=False, sdpa_baseline=False, also=[], tokens=Path("tok"),
-                              modes=["default"], steps=20, warmup=15, rounds=1, seq_len=1024)
-    short = arch_speed.speed_note(args, {"cudnn"}, 32)
+    args = arch_speed.build_parser().parse_args(["tok", "--attention", "cudnn", "--steps", "20", "--warmup", "15"])
+    short = arch_speed.speed_note(args, 32)
     args.seq_len = 4096
-    long = arch_speed.speed_note(args, {"cudnn"}, 8)
+    long = arch_speed.speed_note(args, 8)
     assert short.split(":", 1)[0] == "arch speed (arch_speed.py)"
     assert long.split(":", 1)[0] == "arch speed at T 4096 (arch_speed.py --seq-len 4096)"
     assert "batch 8 x 4096" in long and "train.attention = cudnn" in long

@@ -158,12 +158,12 @@ def rate(arch: str, tokens: Path, mode: str, steps: int, warmup: int, batch: int
     return harmonic_rate(records, warmup), torch.cuda.max_memory_allocated() / 2**30
 
 
-def speed_note(args: argparse.Namespace, alternatives: set[str], batch: int) -> str:
+def speed_note(args: argparse.Namespace, batch: int) -> str:
     """The record's paragraph for this run: one part per window length, so runs at 1024 and 4096 keep both."""
     part = ("arch speed (arch_speed.py)" if args.seq_len == 1024
             else f"arch speed at T {args.seq_len} (arch_speed.py --seq-len {args.seq_len})")
     return (f"{part}: configs/gpt2-124m.toml and configs/tscale-124m.toml"
-            f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in alternatives)}"
+            f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in chosen_alternatives(args))}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''}"
             f"{' (both also with train.loss_kernel = false)' if args.logits_loss else ''}"
             f"{' (also tscale_sdpa: every layer global, no document mask or sink, causal SDPA)' if args.sdpa_baseline else ''}"
@@ -217,7 +217,6 @@ def main() -> None:
     batch = args.batch_size * 1024 // args.seq_len
     suffix = "" if args.seq_len == 1024 else f"_T{args.seq_len}"
     metrics = {}
-    alternatives = chosen_alternatives(args)
     archs = selected_presets(args)
     for mode in args.modes:
         key = mode.replace("-", "_") + suffix
@@ -243,7 +242,7 @@ def main() -> None:
                 gain = rates[arch] / rates[f"{arch}_logits_loss"]
                 metrics[f"arch_speed_loss_kernel_gain_{arch}_{key}"] = round(gain, 4)
         print(f"tscale / gpt2 ({mode}): {metrics[f'arch_speed_ratio_{key}']:.3f}", flush=True)
-    note = speed_note(args, alternatives, batch)
+    note = speed_note(args, batch)
     print(f"-> {merge_metrics('architecture', metrics, note, args.out_dir)}")
 
 
