@@ -162,8 +162,9 @@ def speed_note(args: argparse.Namespace, batch: int) -> str:
     """The record's paragraph for this run: one part per window length, so runs at 1024 and 4096 keep both."""
     part = ("arch speed (arch_speed.py)" if args.seq_len == 1024
             else f"arch speed at T {args.seq_len} (arch_speed.py --seq-len {args.seq_len})")
+    chosen = chosen_alternatives(args)
     return (f"{part}: configs/gpt2-124m.toml and configs/tscale-124m.toml"
-            f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in chosen_alternatives(args))}"
+            f"{''.join(f' (also with train.attention = {alt})' for alt in ALTERNATIVES if alt in chosen)}"
             f"{' (also with train.fused_loss = true)' if args.fused_loss else ''}"
             f"{' (both also with train.loss_kernel = false)' if args.logits_loss else ''}"
             f"{' (also tscale_sdpa: every layer global, no document mask or sink, causal SDPA)' if args.sdpa_baseline else ''}"
