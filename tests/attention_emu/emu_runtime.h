@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -193,7 +194,7 @@ inline void launch(Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void(
   r.body = std::move(body);
   r.error.clear();
   std::vector<uint64_t> order(static_cast<size_t>(grid.x) * grid.y * grid.z);  // linear block ids, x fastest
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::iota(order.begin(), order.end(), uint64_t{0});
   if (r.block_order == 1) std::shuffle(order.begin(), order.end(), r.rng);
   for (const uint64_t i : order) {
     const unsigned x = static_cast<unsigned>(i % grid.x), y = static_cast<unsigned>(i / grid.x % grid.y);
