@@ -104,11 +104,12 @@ def test_every_recipe_name_selects_a_valid_precision_config():
     for recipe in lowprec_train.RECIPES:
         cfg = load_config(None, lowprec_train.recipe_sets(recipe)).precision
         base = {lowprec_train.INT8_BACKWARD: "int8_rowwise", lowprec_train.FP8_FAST_ACCUM: "fp8_tensorwise",
-                lowprec_train.FP8_IN_GRAPH: "fp8_tensorwise"}
+                lowprec_train.FP8_IN_GRAPH: "fp8_tensorwise", lowprec_train.FP8_DELAYED: "fp8_tensorwise"}
         assert cfg.recipe == base.get(recipe, recipe)
         assert cfg.int8_backward == (recipe == lowprec_train.INT8_BACKWARD)
         assert cfg.fp8_fast_accum == (recipe == lowprec_train.FP8_FAST_ACCUM)
         assert cfg.quantize_in_graph == (recipe == lowprec_train.FP8_IN_GRAPH)
+        assert (cfg.scaling == "delayed") == (recipe == lowprec_train.FP8_DELAYED)
 
 
 def test_projection_scales_each_kernel_class_by_its_own_rate_ratio():

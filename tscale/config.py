@@ -217,8 +217,10 @@ class PrecisionConfig(_Section):
     forward product of an fp8 recipe (the two backward products keep exact fp32 sums).
     `quantize_in_graph` (fp8_tensorwise only) writes the quantisation as plain torch ops and the
     products as torch._scaled_mm instead of the custom op, so torch.compile can fuse the casts
-    with neighbouring kernels (tscale/precision/graph_matmul.py). A name in `exclude` matches any
-    part of a module name; a glob (*, ?) matches the whole name.
+    with neighbouring kernels (tscale/precision/graph_matmul.py). `scaling = "delayed"`
+    (fp8_tensorwise only) scales each operand by the largest amax of its last `amax_history` calls
+    instead of its own, so its cast reads it once (tscale/precision/delayed.py). A name in `exclude`
+    matches any part of a module name; a glob (*, ?) matches the whole name.
     """
 
     recipe: Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "int8_rowwise", "int8_switchback",
@@ -226,6 +228,8 @@ class PrecisionConfig(_Section):
     int8_backward: bool = False
     fp8_fast_accum: bool = False
     quantize_in_graph: bool = False
+    scaling: Literal["dynamic", "delayed"] = "dynamic"
+    amax_history: int = Field(16, ge=1, le=256)
     exclude: list[str] = Field(default_factory=lambda: ["wte", "lm_head"])
 
     @model_validator(mode="after")
@@ -237,6 +241,9 @@ class PrecisionConfig(_Section):
         if self.quantize_in_graph and self.recipe != "fp8_tensorwise":
             raise ValueError(f'precision.quantize_in_graph needs precision.recipe = "fp8_tensorwise" '
                              f'(got "{self.recipe}"; the switchback recipes always quantise in the graph)')
+        if self.scaling == "delayed" and (self.recipe != "fp8_tensorwise" or self.quantize_in_graph):
+            raise ValueError(f'precision.scaling = "delayed" needs precision.recipe = "fp8_tensorwise" without '
+                             f'precision.quantize_in_graph (got "{self.recipe}")')
         return self
 
 

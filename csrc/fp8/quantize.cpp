@@ -7,7 +7,12 @@
 //   q      (M, K) dtype = cast(x * (QMAX / amax)); fp8 saturates, int8 rounds half to even and clamps
 //   scale  float32 amax / QMAX, amax floored at 1e-12 (an all-zero slice gives q = 0)
 //   q_t    (K, M) = q transposed and contiguous when transpose, else an empty (0,) tensor
-// The reference twin is quantize_reference in tscale/ops/lowprec.py; both compute the inverse
+// quantize_delayed(x, dtype, state, transpose) -> (q, scale, q_t), one scale per tensor, CUDA only
+//   state  int32 (history + 2,), zeros at first: the amax (float bits) of the last `history` calls on this
+//          tensor, newest first, then two slots that are zero between calls
+//   the scale is max(history) / QMAX (the first call, with an empty history, takes x's own amax), values
+//          beyond it saturate; the call then shifts x's amax into the history
+// The reference twins are quantize_reference and quantize_delayed_reference in tscale/ops/lowprec.py; both compute the inverse
 // scale as one IEEE division and the scaled value as one multiply, so they agree bit for bit.
 // The CUDA kernels are in quantize_cuda.cu.
 #include <torch/library.h>
@@ -127,6 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x_
 
 TORCH_LIBRARY_FRAGMENT(tscale, m) {
   m.def("quantize(Tensor x, ScalarType dtype, int? axis, bool transpose) -> (Tensor, Tensor, Tensor)");
+  m.def("quantize_delayed(Tensor x, ScalarType dtype, Tensor(a!) state, bool transpose) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tscale, CPU, m) {

@@ -27,7 +27,8 @@ faster at 1.5B with its loss within the target),
 run's seconds: building, compiling and every step) for every recipe run
 (int8_rowwise_bwd: int8_rowwise with precision.int8_backward, all three products in int8;
 fp8_tensorwise_fastacc: fp8_tensorwise with precision.fp8_fast_accum; fp8_tensorwise_graph: fp8_tensorwise with
-precision.quantize_in_graph, its quantisation left to torch.compile; int8_switchback / fp8_switchback: the
+precision.quantize_in_graph, its quantisation left to torch.compile; fp8_tensorwise_delayed: fp8_tensorwise with
+precision.scaling = "delayed" (each cast scaled by the operand's earlier amax, one read); int8_switchback / fp8_switchback: the
 forward and input-gradient products in int8 / fp8, the weight gradient in bf16), and `{fp8,int8}_val_loss_rel_diff`
 = (val loss of the recipe - val loss of bf16) / val loss of bf16 with `val_loss_<recipe>`.
 """
@@ -50,11 +51,12 @@ from tscale.config import load_config  # noqa: E402
 from tscale.train.checkpoint import checkpoint_dirs  # noqa: E402
 from tscale.train.loop import train_run  # noqa: E402
 
-RECIPES = ["bf16", "fp8_tensorwise", "fp8_tensorwise_fastacc", "fp8_tensorwise_graph", "fp8_rowwise", "int8_rowwise",
-           "int8_rowwise_bwd", "int8_switchback", "fp8_switchback"]
+RECIPES = ["bf16", "fp8_tensorwise", "fp8_tensorwise_fastacc", "fp8_tensorwise_graph", "fp8_tensorwise_delayed",
+           "fp8_rowwise", "int8_rowwise", "int8_rowwise_bwd", "int8_switchback", "fp8_switchback"]
 INT8_BACKWARD = "int8_rowwise_bwd"  # int8_rowwise with its backward products in int8 too (precision.int8_backward)
 FP8_FAST_ACCUM = "fp8_tensorwise_fastacc"  # fp8_tensorwise with fast accumulation in its forward product
 FP8_IN_GRAPH = "fp8_tensorwise_graph"  # fp8_tensorwise quantised by traceable torch ops (precision.quantize_in_graph)
+FP8_DELAYED = "fp8_tensorwise_delayed"  # fp8_tensorwise with delayed scaling (precision.scaling = "delayed")
 HEADLINE = {"fp8": "fp8_tensorwise", "int8": "int8_switchback"}
 SIZES = {
     "124m": {"config": "configs/gpt2-124m.toml", "sets": ["train.batch_size=32"]},
@@ -74,6 +76,8 @@ def recipe_sets(recipe: str) -> list[str]:
         return ['precision.recipe="fp8_tensorwise"', "precision.fp8_fast_accum=true"]
     if recipe == FP8_IN_GRAPH:
         return ['precision.recipe="fp8_tensorwise"', "precision.quantize_in_graph=true"]
+    if recipe == FP8_DELAYED:
+        return ['precision.recipe="fp8_tensorwise"', 'precision.scaling="delayed"']
     return [f'precision.recipe="{recipe}"']
 
 

@@ -8,6 +8,9 @@ quantize(x (M, K) float, dtype, axis=None, transpose=False)
     -> (q (M, K) dtype, scale float32), plus q_t (K, M) = q.t() contiguous when transpose is set.
     x ~= q * scale (broadcast), scale = max(amax, AMAX_FLOOR) / QMAX[dtype], q = cast(x * (QMAX / amax)):
     fp8 saturates to +-QMAX and rounds to nearest even; int8 rounds to nearest even and clamps to +-127.
+quantize_delayed(x (M, K) float, dtype, state, transpose=False)
+    one scale per tensor from the amax of the tensor's earlier calls (delayed scaling), kept in `state`
+    (int32 (history + 2,), zeros at first; quantize_delayed_reference has the rules): the cast reads x once.
 fp8_mm(a (M, K) fp8, b (K, N) fp8, scale_a () | (M, 1), scale_b () | (1, N), out_dtype, fast_accum=False) -> (M, N)
     fast_accum: the hardware's fp8 fast accumulation (fewer promotions of partial sums to fp32) where
     the path has it (ours, torch._scaled_mm); the reference is exact either way.
@@ -64,9 +67,14 @@ def _check_quantize_args(x: torch.Tensor, dtype: torch.dtype, axis: int | None) 
 def quantize_reference(x: torch.Tensor, dtype: torch.dtype, axis: int | None = None,
                        transpose: bool = False) -> tuple[torch.Tensor, ...]:
     _check_quantize_args(x, dtype, axis)
-    qmax = QMAX[dtype]
     xf = x.float()  # (M, K)
     amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=axis, keepdim=True)  # () | (M, 1) | (1, K)
+    return _cast_reference(xf, amax, dtype, transpose)
+
+
+def _cast_reference(xf: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype, transpose: bool) -> tuple[torch.Tensor, ...]:
+    """(q, scale[, q_t]) of xf (M, K) float32 for the given amax (broadcastable): values beyond it saturate."""
+    qmax = QMAX[dtype]
     amax = amax.clamp(min=AMAX_FLOOR)
     qmax_t = torch.full_like(amax, qmax)  # tensor / tensor is one IEEE division (scalar / tensor is not)
     scale = amax / qmax_t
@@ -80,15 +88,53 @@ def quantize_reference(x: torch.Tensor, dtype: torch.dtype, axis: int | None = N
     return q, scale
 
 
+def quantize_delayed_reference(x: torch.Tensor, dtype: torch.dtype, state: torch.Tensor,
+                               transpose: bool = False) -> tuple[torch.Tensor, ...]:
+    """The twin of tscale::quantize_delayed (one scale per tensor from earlier calls' amax); updates `state`.
+
+    state: int32 (history + 2,), zeros at first; its first `history` entries are the bits of the amax
+    (float32) of the last calls on this tensor, newest first, and the last two stay zero between calls.
+    The scale is max(history) / QMAX, or x's own amax / QMAX while the history is empty (the first call);
+    values beyond it saturate. Afterwards x's amax is shifted into the history. -> (q, scale[, q_t])
+    """
+    _check_quantize_args(x, dtype, None)
+    _check_delayed_state(state, x)
+    history = state.numel() - 2
+    amaxes = state.view(torch.float32)  # (history + 2,): the history's float bits, then the two zeros
+    xf = x.float()  # (M, K)
+    fresh = xf.abs().amax()  # ()
+    known = amaxes[:history].max()
+    out = _cast_reference(xf, torch.where(known > 0, known, fresh), dtype, transpose)
+    amaxes[:history].copy_(torch.cat([fresh.reshape(1), amaxes[:history - 1]]))
+    state[history:].zero_()
+    return out
+
+
+def _check_delayed_state(state: torch.Tensor, x: torch.Tensor) -> None:
+    if state.dtype != torch.int32 or state.dim() != 1 or not 3 <= state.numel() <= 258 or state.device != x.device:
+        raise ValueError(f"quantize_delayed: state must be int32 (history + 2,) with history 1..256 on {x.device}, "
+                         f"got {state.dtype} {tuple(state.shape)} on {state.device}")
+
+
 @functools.cache
-def _quantize_kernel_on(device_type: str) -> bool:
-    """Whether tscale._C has a quantize kernel for this device type (an older build may lack the op)."""
+def _quantize_kernel_on(device_type: str, op: str = "quantize") -> bool:
+    """Whether tscale._C has a kernel of tscale::`op` for this device type (an older build may lack the op)."""
     if not kernels_usable_on(device_type):
         return False
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key("tscale::quantize", device_type.upper())
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"tscale::{op}", device_type.upper())
     except RuntimeError:  # the build predates the op
         return False
+
+
+def quantize_delayed(x: torch.Tensor, dtype: torch.dtype, state: torch.Tensor,
+                     transpose: bool = False) -> tuple[torch.Tensor, ...]:
+    """(q, scale[, q_t]) with delayed scaling, `state` updated in place; see quantize_delayed_reference."""
+    if _quantize_kernel_on(x.device.type, "quantize_delayed"):
+        _check_quantize_args(x, dtype, None)
+        q, scale, q_t = torch.ops.tscale.quantize_delayed(x, dtype, state, transpose)
+        return (q, scale, q_t) if transpose else (q, scale)
+    return quantize_delayed_reference(x, dtype, state, transpose)
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype, axis: int | None = None,
@@ -430,6 +476,13 @@ def _register_fake() -> None:
             q = x.new_empty((M, K), dtype=dtype)
             q_t = x.new_empty((K, M) if transpose else (0,), dtype=dtype)
             return q, x.new_empty(scale_shape, dtype=torch.float32), q_t
+
+    if op_defined("quantize_delayed"):
+        @torch.library.register_fake("tscale::quantize_delayed")
+        def _(x, dtype, state, transpose):
+            M, K = x.shape
+            return (x.new_empty((M, K), dtype=dtype), x.new_empty((), dtype=torch.float32),
+                    x.new_empty((K, M) if transpose else (0,), dtype=dtype))
 
     if op_defined("fp8_gemm"):
         @torch.library.register_fake("tscale::fp8_gemm")

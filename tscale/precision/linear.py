@@ -26,6 +26,7 @@ import torch.nn as nn
 from tscale.config import PrecisionConfig
 from tscale.errors import UserError
 from tscale.ops.lowprec import quantize, scaled_mm
+from tscale.precision.delayed import add_state, delayed_matmul
 from tscale.precision.graph_matmul import fp8_tensorwise_matmul, switchback_matmul
 from tscale.precision.recipes import Recipe, get_recipe
 
@@ -166,11 +167,16 @@ class LowPrecLinear(nn.Linear):
         self.weight = linear.weight  # (N, K), the master weight, trained as before
         self.register_parameter("bias", linear.bias)
         self.recipe = recipe
+        if recipe.delayed_history:
+            add_state(self, recipe.delayed_history)  # amax_x, amax_w, amax_g
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, dt = x.shape[:-1], compute_dtype(x)
         x2 = x.reshape(-1, self.in_features).to(dt)  # (M, K): the backward keeps x as a plain nn.Linear would
-        y = lowprec_matmul(x2, self.weight, self.recipe, dt)  # (M, N)
+        if self.recipe.delayed_history:
+            y = delayed_matmul(x2, self.weight, self, dt, self.recipe.fast_accum)  # (M, N)
+        else:
+            y = lowprec_matmul(x2, self.weight, self.recipe, dt)  # (M, N)
         y = y.view(*lead, self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
@@ -208,13 +214,15 @@ def replace_linears(model: nn.Module, make, include=None, exclude=()) -> list[st
 
 def convert_linears(model: nn.Module, recipe: str | Recipe, include=None, exclude=("embedding", "head"),
                     int8_backward: bool = False, fp8_fast_accum: bool = False,
-                    quantize_in_graph: bool = False) -> list[str]:
+                    quantize_in_graph: bool = False, delayed_history: int = 0) -> list[str]:
     """Swap the chosen nn.Linear modules of `model` for LowPrecLinear in place; the names converted.
 
     recipe: "bf16" (nothing converted), a name of recipes.RECIPES, or a Recipe.
     include / exclude: module names (a plain word matches any part of a name, a glob the whole).
+    delayed_history > 0: fp8_tensorwise with delayed scaling over that many calls (precision/delayed.py).
     """
-    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward, fp8_fast_accum, quantize_in_graph)
+    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe, int8_backward, fp8_fast_accum, quantize_in_graph,
+                                                             delayed_history)
     if r is None:
         return []
     return replace_linears(model, lambda linear: LowPrecLinear(linear, r), include, exclude)
@@ -223,4 +231,5 @@ def convert_linears(model: nn.Module, recipe: str | Recipe, include=None, exclud
 def convert_linears_as_configured(model: nn.Module, precision: PrecisionConfig) -> list[str]:
     """convert_linears with every choice of a run's [precision] section, as training applies them."""
     return convert_linears(model, precision.recipe, exclude=precision.exclude, int8_backward=precision.int8_backward,
-                           fp8_fast_accum=precision.fp8_fast_accum, quantize_in_graph=precision.quantize_in_graph)
+                           fp8_fast_accum=precision.fp8_fast_accum, quantize_in_graph=precision.quantize_in_graph,
+                           delayed_history=precision.amax_history if precision.scaling == "delayed" else 0)

@@ -31,6 +31,7 @@ class Recipe:
     fast_accum: bool = False  # fp8 fast accumulation in the forward product (the backward's stay exact)
     in_graph: bool = False  # quantisation as traceable torch ops (precision/graph_matmul.py), not the custom op
     lowp_weight_grad: bool = True  # False: the weight-gradient product runs in the compute dtype (switchback)
+    delayed_history: int = 0  # > 0: delayed scaling over that many calls' amax (precision/delayed.py); 0: dynamic
 
 
 RECIPES: dict[str, Recipe] = {
@@ -46,8 +47,13 @@ TRAIN_RECIPES = ("bf16", *RECIPES)
 
 
 def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = False,
-               quantize_in_graph: bool = False) -> Recipe | None:
-    """The recipe called `name`; None for "bf16" (plain nn.Linear under the configured autocast)."""
+               quantize_in_graph: bool = False, delayed_history: int = 0) -> Recipe | None:
+    """The recipe called `name`; None for "bf16" (plain nn.Linear under the configured autocast).
+
+    delayed_history > 0: fp8_tensorwise with delayed scaling over that many calls (precision.scaling)."""
+    if delayed_history and (name != "fp8_tensorwise" or quantize_in_graph):
+        raise UserError(f'precision.scaling = "delayed" needs precision.recipe = "fp8_tensorwise" without '
+                        f'precision.quantize_in_graph (got "{name}"{", in graph" if quantize_in_graph else ""})')
     if fp8_fast_accum and not name.startswith("fp8"):
         raise UserError(f'precision.fp8_fast_accum needs an fp8 recipe (got "{name}")')
     if quantize_in_graph and name != "fp8_tensorwise":
@@ -64,8 +70,9 @@ def get_recipe(name: str, int8_backward: bool = False, fp8_fast_accum: bool = Fa
         if name != "int8_rowwise":
             raise UserError('precision.int8_backward needs precision.recipe = "int8_rowwise"')
         return Recipe("int8_rowwise+int8_backward", torch.int8, torch.int8, rowwise=True)
-    suffix = ("+fast_accum" if fp8_fast_accum else "") + ("+in_graph" if quantize_in_graph else "")
+    suffix = ("+fast_accum" if fp8_fast_accum else "") + ("+in_graph" if quantize_in_graph else "") + (
+        f"+delayed{delayed_history}" if delayed_history else "")
     if suffix:
         return replace(recipe, name=name + suffix, fast_accum=fp8_fast_accum,
-                       in_graph=recipe.in_graph or quantize_in_graph)
+                       in_graph=recipe.in_graph or quantize_in_graph, delayed_history=delayed_history)
     return recipe

@@ -41,6 +41,7 @@ from tscale.ops.doc_runs import DocRuns, RunSlots, doc_runs, expected_slots
 from tscale.optim import build_optimizer
 from tscale.optim.schedule import lr_at
 from tscale.precision import convert_linears_as_configured
+from tscale.precision.delayed import load_precision_state, precision_state
 from tscale.train.checkpoint import checkpoint_dirs, load_train_state, load_weights, open_checkpoint, save_checkpoint
 from tscale.train.cpu_allocator import reuse_freed_blocks
 from tscale.train.metrics import MetricsLog, NullLog, ProgressLine
@@ -222,6 +223,7 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
         loader.load_state_dict(state["loader"])
         mine = state["ranks"][env.rank]
         _restore_rng(mine["rng"], device)
+        load_precision_state(model, mine.get("precision", {}), f"{run_dir}'s newest checkpoint")
         replicas.load_local_state(mine)
         step = state["step"]
     if env.is_main:
@@ -284,7 +286,8 @@ def _train(cfg: RunConfig, run_dir: Path, folder: TokenFolder, env: DistEnv, res
     t_start = time.time()
 
     def checkpoint() -> Path | None:
-        ranks = env.gather_to_main({"rng": _rng_state(device), **replicas.local_state()})
+        ranks = env.gather_to_main({"rng": _rng_state(device), "precision": precision_state(model),
+                                    **replicas.local_state()})
         if not env.is_main:
             return None
         state = {"step": step, "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
