@@ -22,7 +22,7 @@ source scripts/device/setup_env.sh "$OUT/logs" || exit 1
 case $PART in
   speed)
     timeout "$(left)" python3 -m pytest -q -p no:cacheprovider tests/test_lowprec_delayed.py \
-      tests/test_lowprec.py -k "cuda and (quantize or function_matches)" 2>&1 | tee "$OUT/logs/tests.log" | tail -5
+      tests/test_lowprec.py -k "cuda and (quantize or function_matches or layer)" 2>&1 | tee "$OUT/logs/tests.log" | tail -5
     timeout "$(left)" python3 scripts/bench/quantize_delayed_speed.py --out "$OUT/bench" 2>&1 \
       | tee "$OUT/logs/quantize.log"
     timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
