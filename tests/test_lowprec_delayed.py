@@ -243,8 +243,8 @@ def test_cuda_layer_matches_the_cpu_reference_path():
 def test_cuda_layer_under_inductor_updates_the_histories_as_eager(mode):
     """Inductor's graphs, and their CUDA-graph replays, must run every quantize call once and keep its history.
 
-    Under CUDA graphs each step begins with cudagraph_mark_step_begin, as the training loop's do: the step's
-    outputs and saved tensors then live until its backward is done."""
+    As in the training loop, each step starts from no gradients (a replay reuses the memory of the last one's
+    outputs, the gradients among them) and, under CUDA graphs, with cudagraph_mark_step_begin."""
     eager, _ = _layers()
     twin, _ = _layers()
     eager.cuda()
@@ -253,6 +253,8 @@ def test_cuda_layer_under_inductor_updates_the_histories_as_eager(mode):
     compiled = torch.compile(twin, mode=None if mode == "default" else mode)
     for step in range(4):
         x = rand(128, 64, seed=70 + step, device="cuda", scale=1 + step)
+        eager.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
         eager(x).square().mean().backward()
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
