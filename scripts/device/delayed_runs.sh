@@ -3,10 +3,11 @@
 #
 #   bash scripts/device/delayed_runs.sh PART OUT_DIR [SECONDS]     (repository root, on the GPU machine)
 #
-#   speed    build (without CUTLASS: the fp8 products take cuBLASLt), the CUDA tests of delayed scaling and
-#            of the fp8 layers, quantize_delayed_speed.py (dynamic against delayed at the 1.5B shapes), then
-#            lowprec_train.py speed at 1.5B under CUDA graphs: bf16, fp8_tensorwise_delayed, fp8_tensorwise
-#            in one process (each ratio against that process's bf16)
+#   check    build (without CUTLASS: the fp8 products take cuBLASLt), the CUDA tests of delayed scaling and
+#            of the fp8 layers, quantize_delayed_speed.py (dynamic against delayed at the 1.5B shapes)
+#   speed    build, then lowprec_train.py speed at 1.5B under CUDA graphs: bf16, fp8_tensorwise_delayed,
+#            fp8_tensorwise in one process (each ratio against that process's bf16; 120-165 s a recipe on
+#            an H200, so a call of its own)
 #   quality  tokenize mix + code slice (.devdata/data) and train gpt2 124M on 100M tokens with
 #            fp8_tensorwise_delayed, then `tscale eval` of it (bf16 runs in another call: `--recipes bf16`
 #            through lowprec_train.py quality)
@@ -20,11 +21,12 @@ export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
 case $PART in
-  speed)
+  check)
     timeout "$(left)" python3 -m pytest -q -p no:cacheprovider tests/test_lowprec_delayed.py \
       tests/test_lowprec.py -k "cuda and (quantize or function_matches or layer)" 2>&1 | tee "$OUT/logs/tests.log" | tail -5
     timeout "$(left)" python3 scripts/bench/quantize_delayed_speed.py --out "$OUT/bench" 2>&1 \
-      | tee "$OUT/logs/quantize.log"
+      | tee "$OUT/logs/quantize.log" ;;
+  speed)
     timeout "$(left)" python3 scripts/bench/lowprec_train.py speed --sizes 1p5b --compile-mode reduce-overhead \
       --recipes bf16 fp8_tensorwise_delayed fp8_tensorwise --out-dir "$OUT/speed" 2>&1 | tee "$OUT/logs/speed.log" \
       | grep -E "tokens/s|NOT RECORDED|Error" ;;
@@ -35,5 +37,5 @@ case $PART in
     timeout "$(left)" python3 scripts/bench/lowprec_train.py quality $tok --recipes fp8_tensorwise_delayed \
       --work .cache/lowprec-quality --out-dir "$OUT/quality" 2>&1 | tee "$OUT/logs/quality.log" | grep -E "val loss|Error|failed"
     cp .cache/lowprec-quality/eval-*.json .cache/lowprec-quality/log.txt "$OUT/quality/" 2>/dev/null ;;
-  *) echo "delayed_runs.sh: unknown part '$PART' (speed or quality)"; exit 2 ;;
+  *) echo "delayed_runs.sh: unknown part '$PART' (check, speed or quality)"; exit 2 ;;
 esac
