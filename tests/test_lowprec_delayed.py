@@ -138,6 +138,24 @@ def test_compiled_layer_matches_eager_and_updates_the_same_histories():
         assert torch.equal(precision_state(twin)[key], value), key
 
 
+def test_priming_a_onebit_exchange_leaves_the_histories_as_they_were():
+    from types import SimpleNamespace
+
+    from tscale.dist.ddp import Replicas
+
+    model, _ = _layers()
+    model(rand(8, 64, seed=25)).sum().backward()  # histories with one entry each
+    before = precision_state(model)
+    replicas = Replicas(model, SimpleNamespace(active=False, device=torch.device("cpu")),
+                        SimpleNamespace(compression="onebit"))
+    replicas.exchange = SimpleNamespace(passthrough=False)  # what prime switches; no process group needed
+    ran = []
+    replicas.prime(lambda: ran.append(model(rand(8, 64, seed=26, scale=5.0)).sum().backward()))
+    assert ran and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(precision_state(model)[k], v) for k, v in before.items())
+    assert history(before["0.amax_x"])[0] > 0 and history(before["0.amax_x"])[1] == 0.0  # priming would add one
+
+
 # ---- training ----------------------------------------------------------------------------------------------
 
 TINY = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.seq_len=32", "train.batch_size=4",

@@ -2,8 +2,8 @@
 
 DDP lays gradients out in buckets twice: by parameter order for the first backward, then by
 the order gradients became ready. The 1-bit residuals are per bucket, so with compression on,
-`prime` runs one backward with communication switched off before training (RNG restored, no
-data consumed): every real step of every (re)started process then sees the same buckets.
+`prime` runs one backward with communication switched off before training (RNG and fp8 amax
+histories restored, no data consumed): every real step of every (re)started process then sees the same buckets.
 """
 
 import datetime
@@ -18,6 +18,7 @@ from tscale.config import DistConfig
 from tscale.dist.launch import DistEnv
 from tscale.errors import UserError
 from tscale.dist.onebit import GradExchange, exchange_hook
+from tscale.precision.delayed import load_precision_state, precision_state
 
 
 class Replicas:
@@ -78,9 +79,12 @@ class Replicas:
         return self.exchange.take_bytes() if self.exchange is not None else (0, 0)
 
     def prime(self, backward: Callable[[], None]) -> None:
-        """Let DDP settle its buckets with one local backward (1-bit only; see the module docstring)."""
+        """Let DDP settle its buckets with one local backward (1-bit only; see the module docstring).
+
+        It leaves no trace: gradients, RNG and the amax histories of delayed fp8 scaling are as before."""
         if self.exchange is None or self.cfg.compression != "onebit":
             return
+        histories = precision_state(self.model)
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.env.device) if self.env.device.type == "cuda" else None
         self.exchange.passthrough = True
@@ -89,6 +93,7 @@ class Replicas:
         finally:
             self.exchange.passthrough = False
         self.model.zero_grad(set_to_none=True)
+        load_precision_state(self.model, histories, "the priming step")
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, self.env.device)
