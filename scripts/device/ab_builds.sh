@@ -11,12 +11,11 @@
 set -u -o pipefail
 usage="usage: $1 OUT_DIR SECONDS BASE_DIR [OTHER_DIR ...]"
 OUT=${2:?$usage}
-deadline=$(( $(date +%s) + ${3:?$usage} ))
+source scripts/device/deadline.sh "${3:?$usage}"
 : "${4:?$usage}"
 BASES=()
 for dir in "${@:4}"; do BASES+=("$(cd "$dir" && pwd)"); done
 BASE=${BASES[0]}
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")

@@ -10,9 +10,8 @@
 # Everything stops SECONDS (default 560) after the start.
 set -u -o pipefail
 OUT=${1:?usage: arch_long.sh OUT_DIR [SECONDS] [SEQ_LEN]}
-deadline=$(( $(date +%s) + ${2:-560} ))
+source scripts/device/deadline.sh "${2:-560}"
 SEQ=${3:-4096}
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1

@@ -9,9 +9,8 @@
 # from cuobjdump). Stops SECONDS after the start.
 set -u -o pipefail
 OUT=${1:?usage: attention_ncu.sh OUT_DIR SECONDS [options]}
-deadline=$(( $(date +%s) + ${2:?usage: attention_ncu.sh OUT_DIR SECONDS [options]} ))
+source scripts/device/deadline.sh "${2:?usage: attention_ncu.sh OUT_DIR SECONDS [options]}"
 shift 2
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

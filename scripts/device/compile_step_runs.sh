@@ -15,8 +15,7 @@
 # TSCALE_COMMIT to this tree's commit.
 set -u -o pipefail
 OUT=${1:?usage: compile_step_runs.sh OUT_DIR [SECONDS]}
-deadline=$(( $(date +%s) + ${2:-570} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "${2:-570}"
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1

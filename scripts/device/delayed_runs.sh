@@ -15,8 +15,7 @@
 set -u -o pipefail
 PART=${1:?usage: delayed_runs.sh PART OUT_DIR [SECONDS]}
 OUT=${2:?usage: delayed_runs.sh PART OUT_DIR [SECONDS]}
-deadline=$(( $(date +%s) + ${3:-570} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "${3:-570}"
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1

@@ -13,7 +13,7 @@
 # the report and the runs' metrics), never docs/bench.
 set -u -o pipefail
 OUT=${1:?usage: global6_convergence.sh OUT_DIR [SECONDS]}
-start=$(date +%s)
+source scripts/device/deadline.sh "${2:-590}"
 mkdir -p "$OUT/logs" .whl
 cp .devdata/min/*.whl .whl/
 export PYTHONUNBUFFERED=1
@@ -25,4 +25,4 @@ if timeout 120 python3 -m pytest -q -x -k cuda_cudnn_matches tests/test_attentio
 fi
 echo "cuDNN check: $(grep -E '[0-9]+ (passed|failed)' "$OUT/logs/cudnn_tests.log" | tail -1); tscale settings: $settings"
 OUT=$OUT ISSUE3_DATA=.devdata/data ISSUE3_SEQ_LEN=4096 ISSUE3_TSCALE_SET="$settings" \
-  ISSUE3_BUDGET_S=$(( ${2:-590} - ($(date +%s) - start) )) bash scripts/bench/issue3_gpu.sh 1
+  ISSUE3_BUDGET_S=$(left) bash scripts/bench/issue3_gpu.sh 1

@@ -21,9 +21,8 @@
 set -u -o pipefail
 PART=${1:?usage: index_runs.sh PART OUT_DIR SECONDS [options]}
 OUT=${2:?usage: index_runs.sh PART OUT_DIR SECONDS [options]}
-deadline=$(( $(date +%s) + ${3:?usage: index_runs.sh PART OUT_DIR SECONDS [options]} ))
+source scripts/device/deadline.sh "${3:?usage: index_runs.sh PART OUT_DIR SECONDS [options]}"
 shift 3
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 WORK=.cache/issue6
 mkdir -p "$OUT" "$WORK/logs"

@@ -14,10 +14,9 @@
 # (default 570) after the start.
 set -u -o pipefail
 OUT=${1:?usage: loss_kernel.sh OUT_DIR [SECONDS] [PART]}
-deadline=$(( $(date +%s) + ${2:-570} ))
+source scripts/device/deadline.sh "${2:-570}"
 PART=${3:-all}
 case $PART in all|rates) ;; *) echo "loss_kernel.sh: unknown part '$PART' (all or rates)"; exit 2 ;; esac
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1

@@ -19,8 +19,7 @@ SPEED_RECIPES=${SPEED_RECIPES:-bf16 fp8_tensorwise int8_rowwise}   # names of lo
 QUALITY_RECIPES=${QUALITY_RECIPES:-fp8_tensorwise int8_rowwise}    # besides bf16, which runs on GPU 0
 COMPILE_MODE=${COMPILE_MODE:-default}
 SPEED_SIZES=${SPEED_SIZES:-124m 1p5b}
-deadline=$(( $(date +%s) + LIMIT ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "$LIMIT"
 mkdir -p "$OUT"
 bench="python3 scripts/bench/lowprec_train.py"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")

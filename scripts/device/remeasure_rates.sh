@@ -18,8 +18,7 @@ set -u
 PART=${1:?usage: remeasure_rates.sh PART TOKENS OUT_DIR [SECONDS]}
 TOK=${2:?usage: remeasure_rates.sh PART TOKENS OUT_DIR [SECONDS]}
 OUT=${3:?usage: remeasure_rates.sh PART TOKENS OUT_DIR [SECONDS]}
-deadline=$(( $(date +%s) + ${4:-570} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "${4:-570}"
 mkdir -p "$OUT"
 source scripts/device/cpu_halves.sh  # PIN0, PIN1
 speed="python3 scripts/bench/lowprec_train.py speed"

@@ -7,8 +7,7 @@
 # PYTHONUNBUFFERED and TSCALE_NO_CUTLASS (these scripts need no int8 products), builds the package with
 # setup_env.sh (logs in OUT_DIR/logs), and tokenizes mix + code slice from .devdata/data with the GPT-2 BPE
 # unless $tok holds them. Returns 1 when the build or the tokenization fails.
-deadline=$(( $(date +%s) + ${2:?usage: source step_bench_prelude.sh OUT_DIR SECONDS} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "${2:?usage: source step_bench_prelude.sh OUT_DIR SECONDS}"
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$1/logs"
 source scripts/device/setup_env.sh "$1/logs" || return 1

@@ -28,8 +28,7 @@
 set -u -o pipefail
 PART=${1:?usage: switchback_runs.sh PART OUT_DIR [SECONDS]}
 OUT=${2:?usage: switchback_runs.sh PART OUT_DIR [SECONDS]}
-deadline=$(( $(date +%s) + ${3:-570} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "${3:-570}"
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs"
 prebuilt=$(compgen -G ".devdata/so/_C_cutlass*.so" | head -1)

@@ -1,0 +1,27 @@
+"""The GPU machine's shell scripts (scripts/device): they parse, and their shared deadline counts down."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "scripts" / "device").glob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_device_script_parses(script):
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _left(seconds: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f'set -u; source scripts/device/deadline.sh {seconds}; left'],
+                          cwd=REPO, capture_output=True, text=True)
+
+
+def test_deadline_gives_the_seconds_left_and_at_least_one():
+    assert 95 <= int(_left("100").stdout) <= 100
+    assert int(_left("0").stdout) == 1  # a step started past the deadline still gets a valid timeout
+    missing = _left('""')
+    assert missing.returncode != 0 and "usage" in missing.stderr
