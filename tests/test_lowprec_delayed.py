@@ -100,6 +100,27 @@ def test_layer_tracks_each_operand_and_stays_close_to_fp32():
     assert set(model.state_dict()) == {"0.weight", "2.weight"}  # the histories stay out of the weights
 
 
+def test_evaluation_quantises_dynamically_and_leaves_the_histories_alone():
+    model, plain = _layers()
+    dynamic = torch.nn.Sequential(*[torch.nn.Linear(64, 96, bias=False), torch.nn.ReLU(),
+                                    torch.nn.Linear(96, 32, bias=False)])
+    dynamic.load_state_dict(plain.state_dict())
+    convert_linears(dynamic, "fp8_tensorwise", exclude=())
+    model(rand(16, 64, seed=15)).square().mean().backward()  # one training step: one entry per history
+    before = precision_state(model)
+    x = rand(16, 64, seed=16, scale=8.0)  # beyond the histories: delayed scales would saturate it
+    with torch.no_grad():
+        in_train_mode = model(x)
+    model.eval()
+    in_eval_mode = model(x)
+    assert all(torch.equal(precision_state(model)[k], v) for k, v in before.items())
+    want = dynamic(x)
+    assert torch.equal(in_train_mode, want) and torch.equal(in_eval_mode, want)
+    model.train()
+    with_grad = model(x)
+    assert not torch.equal(with_grad, want)  # the training path takes the (smaller) delayed scales
+
+
 def test_precision_state_round_trips_and_refuses_another_layout():
     model, _ = _layers()
     model(rand(8, 64, seed=20)).sum().backward()

@@ -6,7 +6,9 @@ in the forward pass, dy in the backward) takes its scale from the largest amax o
 `precision.amax_history` calls instead of its own: the cast needs no amax pass first, so it reads
 the operand once (tscale::quantize_delayed) where dynamic scaling reads it twice. Values beyond the
 scale saturate to the format's largest finite value. A layer's first call, with an empty history,
-scales by the operand's own amax.
+scales by the operand's own amax. Only training steps (train mode, gradients on) take delayed scales
+and feed the histories; evaluation and other calls without gradients quantise with dynamic scales,
+as `tscale eval` does, and leave the histories to the training data.
 
 The history lives in three int32 buffers per layer (amax_x, amax_w, amax_g: history + 2 entries,
 quantize_delayed_reference in tscale/ops/lowprec.py has the layout), updated in place by the

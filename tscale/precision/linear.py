@@ -173,7 +173,7 @@ class LowPrecLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, dt = x.shape[:-1], compute_dtype(x)
         x2 = x.reshape(-1, self.in_features).to(dt)  # (M, K): the backward keeps x as a plain nn.Linear would
-        if self.recipe.delayed_history:
+        if self.recipe.delayed_history and self.training and torch.is_grad_enabled():  # training steps only
             y = delayed_matmul(x2, self.weight, self, dt, self.recipe.fast_accum)  # (M, N)
         else:
             y = lowprec_matmul(x2, self.weight, self.recipe, dt)  # (M, N)
