@@ -101,10 +101,7 @@ def test_layer_tracks_each_operand_and_stays_close_to_fp32():
 
 
 def test_evaluation_quantises_dynamically_and_leaves_the_histories_alone():
-    model, plain = _layers()
-    dynamic = torch.nn.Sequential(*[torch.nn.Linear(64, 96, bias=False), torch.nn.ReLU(),
-                                    torch.nn.Linear(96, 32, bias=False)])
-    dynamic.load_state_dict(plain.state_dict())
+    model, dynamic = _layers()  # the second: the same weights, converted below with dynamic scaling
     convert_linears(dynamic, "fp8_tensorwise", exclude=())
     model(rand(16, 64, seed=15)).square().mean().backward()  # one training step: one entry per history
     before = precision_state(model)

@@ -3,7 +3,8 @@
 DDP lays gradients out in buckets twice: by parameter order for the first backward, then by
 the order gradients became ready. The 1-bit residuals are per bucket, so with compression on,
 `prime` runs one backward with communication switched off before training (RNG and fp8 amax
-histories restored, no data consumed): every real step of every (re)started process then sees the same buckets.
+histories restored, no data consumed): every real step of every (re)started process then sees the
+same buckets.
 """
 
 import datetime
