@@ -31,20 +31,35 @@ def extension():
         with_cuda = False
     cxx_flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch.utils.cpp_extension picks for this torch
     if with_cuda:
-        arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        if not arch:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;8.6;8.9;9.0"
+        arch = _with_sm90a(os.environ.get("TORCH_CUDA_ARCH_LIST") or "8.0;8.6;8.9;9.0")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+        hopper = [("TSCALE_WITH_SM90A", "1")] if "9.0a" in arch.split(";") else []  # the wgmma kernels are built
         lt = _cublaslt()  # the fp8 / int8 GEMMs of csrc/fp8 (gemm_cublaslt.cu)
         return cpp_extension.CUDAExtension(
             "tscale._C",
             cpp_sources + cuda_sources,
-            define_macros=[("TSCALE_WITH_CUDA", "1"), *lt["define_macros"]],
+            define_macros=[("TSCALE_WITH_CUDA", "1"), *hopper, *lt["define_macros"]],
             include_dirs=lt["include_dirs"],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
             extra_link_args=["-fopenmp", *lt["extra_link_args"]],
         ), True
     return cpp_extension.CppExtension("tscale._C", cpp_sources, extra_compile_args=cxx_flags,
                                       extra_link_args=["-fopenmp"]), False
+
+
+def _with_sm90a(arch_list: str) -> str:
+    """"8.0;9.0" -> "8.0;9.0a": Hopper as sm_90a, whose wgmma instructions the attention kernels use (its code
+    runs on every sm_90 GPU); "9.0+PTX" keeps its PTX beside it."""
+    out = []
+    for item in arch_list.replace(",", ";").replace(" ", ";").split(";"):
+        item = item.strip()
+        if item in ("9.0", "9.0+PTX"):
+            out.append("9.0a")
+            if item.endswith("+PTX"):
+                out.append(item)
+        elif item and item not in out:
+            out.append(item)
+    return ";".join(dict.fromkeys(out))
 
 
 def _cutlass_extension():

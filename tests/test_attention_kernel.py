@@ -26,13 +26,25 @@ from tscale.ops.backend import cuda_kernels_available, kernels_available
 TOL = 2.5e-2
 
 
-def _set_forward_config(fwd: str, monkeypatch) -> None:
-    """The forward's configuration, "ROWS-BLOCKS" (rows per warp: 64- or 128-query tiles; blocks per
-    multiprocessor its registers leave room for), or "auto" for the kernel's own choice."""
-    if fwd != "auto":
+def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
+    """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
+    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN" for the Hopper kernel
+    with BN-key tiles (skips where it cannot run: head dim 64, or not an sm_90 GPU), or "auto" for the op's own
+    choice."""
+    if fwd.startswith("sm90"):
+        if D != 128 or not _hopper():
+            pytest.skip("the Hopper forward needs head dim 128 on an sm_90 GPU")
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "sm90")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", fwd.split("-")[1])
+    elif fwd != "auto":
         rows, blocks = fwd.split("-")
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", rows)
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_kernels_available()),
@@ -97,12 +109,25 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3"])
+@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "sm90-64", "sm90-128"])
 def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
-    _set_forward_config(fwd, monkeypatch)
+    _set_forward_config(fwd, monkeypatch, D)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
     _check_kernel(*case, window=128, sink=True)
     _check_kernel(*case[:4], None, window=0, sink=False)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("layout", ["none", "sparse", "each"])
+@pytest.mark.parametrize("window", [0, 16, 128, 300])
+@pytest.mark.parametrize("fwd", ["sm90-64", "sm90-128"])
+def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch):
+    """The sm_90a forward (wgmma) at both key-tile sizes, on every mask rule; the backward after it is the
+    sm_80 kernel's, fed the Hopper forward's output and logsumexp."""
+    _set_forward_config(fwd, monkeypatch)
+    _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 1, device="cuda"), window=window, sink=sink)
 
 
 @pytest.mark.cuda

@@ -1,7 +1,28 @@
-// CUDA registration of tscale::attention_fwd_cuda (the kernel and its host entry are in attention_fwd.cuh).
+// CUDA registration of tscale::attention_fwd_cuda: the Hopper kernel (attention_fwd_sm90.cuh) where it serves the
+// call, else the sm_80 one (attention_fwd.cuh, which the CPU emulator of the tests also builds).
 #include <torch/library.h>
 
 #include "attention_cuda_backend.cuh"
 #include "attention_fwd.cuh"
+#include "attention_fwd_sm90.cuh"
 
-TORCH_LIBRARY_IMPL(tscale, CUDA, m) { m.impl("attention_fwd_cuda", &tscale::attn::attention_fwd_host); }
+namespace tscale::attn {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const std::optional<at::Tensor>& doc_ids, int64_t window,
+                                                       bool sink, double scale) {
+  const DeviceScope scope(q);
+  FwdCall c = prepare_fwd(q, k, v, doc_ids, window, sink, scale);
+  if (c.out.numel() == 0) return {c.out, c.lse};
+  if (sm90_forward_serves(c.p, q))
+    launch_fwd_sm90(c.p);
+  else
+    launch_fwd_mma(c.p);
+  return {c.out, c.lse};
+}
+
+}  // namespace
+}  // namespace tscale::attn
+
+TORCH_LIBRARY_IMPL(tscale, CUDA, m) { m.impl("attention_fwd_cuda", &tscale::attn::attention_fwd_entry); }

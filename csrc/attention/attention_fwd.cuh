@@ -341,50 +341,70 @@ void launch_fwd_for(const FwdParams& p) {
     launch_fwd<D, 1>(p);
 }
 
-// The op tscale::attention_fwd_cuda: out bf16 (B, H, T, D) in (B, T, H, D) storage (token_major), lse fp32
-// (B, H, T) contiguous.
-std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                      const at::Tensor& v_in, const std::optional<at::Tensor>& doc_ids,
-                                                      int64_t window, bool sink, double scale) {
+// The forward's launch parameters with the tensors they point into (kept alive until the kernel is queued).
+struct FwdCall {
+  FwdParams p{};
+  at::Tensor out, lse, q, k, v, docs;
+  DocStats stats;
+};
+
+// Checks the op's arguments and allocates its outputs: out bf16 (B, H, T, D) in (B, T, H, D) storage
+// (token_major), lse fp32 (B, H, T) contiguous. Nothing is launched yet but the document ranges' kernel.
+inline FwdCall prepare_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                           const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink, double scale) {
   constexpr const char* op = "attention_fwd_cuda";
   check_qkv(q_in, k_in, v_in, op);
   TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite");
-  const DeviceScope scope(q_in);
   const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
   const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
-  at::Tensor out = token_major(B, H, T, D, q_in);
-  at::Tensor lse = at::empty({B, H, T}, q_in.options().dtype(at::kFloat));
-  const at::Tensor docs = prepare_docs(doc_ids, q_in, op);
-  if (out.numel() == 0) return {out, lse};
-  const at::Tensor q = kernel_layout(q_in), k = kernel_layout(k_in), v = kernel_layout(v_in);
+  FwdCall c;
+  c.out = token_major(B, H, T, D, q_in);
+  c.lse = at::empty({B, H, T}, q_in.options().dtype(at::kFloat));
+  c.docs = prepare_docs(doc_ids, q_in, op);
+  if (c.out.numel() == 0) return c;
+  c.q = kernel_layout(q_in), c.k = kernel_layout(k_in), c.v = kernel_layout(v_in);
 
-  FwdParams p{};
-  p.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
-  p.k = reinterpret_cast<const uint16_t*>(k.data_ptr());
-  p.v = reinterpret_cast<const uint16_t*>(v.data_ptr());
-  p.sq = strides_of(q);
-  p.sk = strides_of(k);
-  p.sv = strides_of(v);
-  p.o = reinterpret_cast<uint16_t*>(out.data_ptr());
-  p.so = strides_of(out);
-  p.lse = lse.data_ptr<float>();
+  FwdParams& p = c.p;
+  p.q = reinterpret_cast<const uint16_t*>(c.q.data_ptr());
+  p.k = reinterpret_cast<const uint16_t*>(c.k.data_ptr());
+  p.v = reinterpret_cast<const uint16_t*>(c.v.data_ptr());
+  p.sq = strides_of(c.q);
+  p.sk = strides_of(c.k);
+  p.sv = strides_of(c.v);
+  p.o = reinterpret_cast<uint16_t*>(c.out.data_ptr());
+  p.so = strides_of(c.out);
+  p.lse = c.lse.data_ptr<float>();
   p.B = B, p.H = H, p.T = T, p.D = D;
   p.window = normalised_window(window, T);
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.sink = sink;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  DocStats stats;
-  if (docs.defined()) {
-    stats = doc_stats(docs, B, T, p.n_stat);
-    p.doc = docs.data_ptr<int32_t>();
-    p.doc_min = stats.dmin.data_ptr<int32_t>();
-    p.doc_max = stats.dmax.data_ptr<int32_t>();
+  if (c.docs.defined()) {
+    c.stats = doc_stats(c.docs, B, T, p.n_stat);
+    p.doc = c.docs.data_ptr<int32_t>();
+    p.doc_min = c.stats.dmin.data_ptr<int32_t>();
+    p.doc_max = c.stats.dmax.data_ptr<int32_t>();
   }
-  if (D == 64)
+  return c;
+}
+
+// The sm_80 kernel (mma.sync) for either head dim.
+inline void launch_fwd_mma(const FwdParams& p) {
+  if (p.D == 64)
     launch_fwd_for<64>(p);
   else
     launch_fwd_for<128>(p);
-  return {out, lse};
+}
+
+// The op tscale::attention_fwd_cuda through the sm_80 kernel (the CUDA build's entry, attention_fwd.cu, also
+// chooses the Hopper one).
+inline std::tuple<at::Tensor, at::Tensor> attention_fwd_host(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                      const at::Tensor& v_in, const std::optional<at::Tensor>& doc_ids,
+                                                      int64_t window, bool sink, double scale) {
+  const DeviceScope scope(q_in);
+  FwdCall c = prepare_fwd(q_in, k_in, v_in, doc_ids, window, sink, scale);
+  if (c.out.numel() != 0) launch_fwd_mma(c.p);
+  return {c.out, c.lse};
 }
 
 }  // namespace

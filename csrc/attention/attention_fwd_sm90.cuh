@@ -1,0 +1,325 @@
+// The attention forward for Hopper (sm_90a): warpgroup products (wgmma) for head dim 128, same op, same masks.
+//
+// One block of one warpgroup (128 threads) per (64-query tile, head, batch row); with 64-key tiles two blocks
+// share a multiprocessor. The block walks the BN-key tiles its queries can see (the rules of attention_fwd.cuh:
+// causal, window, document ranges). Per tile t, the products are issued asynchronously so that the tensor cores
+// work while the softmax runs:
+//   issue S(t) = Q K(t)^T          wgmma m64nBNk16, Q and K from shared memory, 8 k-steps over the head dims
+//   issue O += P(t-1) V(t-1)        wgmma m64n128k16, P from registers as bf16, V read transposed
+//   wait for S(t); mask, running max and exponentials of S(t) (the accumulator layout is mma.sync's, so the
+//   rules are the sm_80 kernel's)
+//   wait for the P V product; rescale O; P(t) from S(t)
+// K and V each have two buffers in 128-byte swizzled tiles (wgmma_sm90.cuh), filled by cp.async from all
+// threads: K(t + 1) is fetched while tile t is computed, V(t + 1) once the P V product of tile t - 1, which read
+// its buffer, is done. O is staged in the Q tile and written as 16-byte stores of whole rows; lse as the sm_80
+// kernel writes it, so either backward can follow either forward.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+#include "attention_host.h"
+#include "wgmma_sm90.cuh"
+
+namespace tscale::attn {
+namespace {
+
+constexpr int kSm90Threads = 128;  // one warpgroup
+constexpr int kSm90BM = 64;        // queries per block
+
+template <int BN>
+struct Sm90FwdLayout {
+  static constexpr uint32_t kHalfQ = kSm90BM * 128;  // bytes of one half (64 head dims) of the Q tile
+  static constexpr uint32_t kHalfKV = BN * 128;      // of a K or V tile
+  static constexpr uint32_t kTileKV = 2 * kHalfKV;
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + 2 * kHalfQ;        // buffer s at kK + s kTileKV
+  static constexpr uint32_t kV = kK + 2 * kTileKV;       // buffer s at kV + s kTileKV
+  static constexpr uint32_t kKeyDocs = kV + 2 * kTileKV;  // int32 [2][BN], by K buffer
+  static constexpr uint32_t kSlot = kKeyDocs + 2 * BN * 4;
+  static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
+};
+
+// Rows [row0, row0 + ROWS) of a (T, 128) bf16 matrix (row stride `stride` elements) into the swizzled tile at
+// `tile`, 16-byte cp.async by all threads; rows at or past T are zero-filled.
+template <int ROWS>
+__device__ __forceinline__ void load_tile_sw128(uint32_t tile, const uint16_t* g, int64_t stride, int row0, int T,
+                                                int tid) {
+  for (int i = tid; i < ROWS * 16; i += kSm90Threads) {
+    const int r = i >> 4, c = i & 15;
+    const bool ok = row0 + r < T;
+    const uint16_t* src = g + (ok ? static_cast<int64_t>(row0 + r) * stride : 0) + c * 8;
+    cp_async_16(tile + sw128_offset(r, c, ROWS), src, ok ? 16 : 0);
+  }
+}
+
+// O (64 x 128) += P V for one tile: P as BN / 16 bf16 A operands, V the swizzled tile at v_s. Issued, not waited.
+template <int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[BN / 16][4], uint32_t v_s) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks)
+    wgmma_rs_n128_tb(o, pa[ks], sw128_desc(v_s + ks * 2048, Sm90FwdLayout<BN>::kHalfKV, 1024));
+  wgmma_commit();
+}
+
+// MIN_BLOCKS: blocks per multiprocessor the registers must leave room for (__launch_bounds__).
+template <int BN, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_kernel(const FwdParams p) {
+#ifdef TSCALE_SM90A_DEVICE
+  using L = Sm90FwdLayout<BN>;
+  constexpr int BM = kSm90BM;
+  constexpr int kNB = BN / 8;  // n8-blocks of keys in S
+  TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t q_s = base + L::kQ;
+  int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
+  int* slot = reinterpret_cast<int*>(smem + L::kSlot);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int T = p.T, window = p.window;
+  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
+  const int n_qtiles = (T + BM - 1) / BM, n_ktiles = (T + BN - 1) / BN;
+  const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = qt * BM;
+  const int last = imin((q0 + BM - 1) / BN, n_ktiles - 1);  // causal: no key tile after this one
+  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;       // (T, D) rows of this (b, h)
+  const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
+
+  const bool docs = p.doc != nullptr;
+  const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
+  const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  const DocRange qd = docs ? doc_range(dmin, dmax, q0, BM, p.n_stat) : DocRange{0, 0};
+  auto key_range = [&](int t) { return docs ? doc_range(dmin, dmax, t * BN, BN, p.n_stat) : DocRange{0, 0}; };
+  auto tile_seen = [&](int t) { return !docs || overlaps(qd, key_range(t)); };
+
+  // First key tile: the window's, then the first whose documents meet ours (the tile of q0 always does).
+  int first = window > 0 ? imax(0, q0 - window + 1) / BN : 0;
+  if (docs) {
+    const int own = q0 / BN;
+    int mine = own;
+    for (int t = first + tid; t < own; t += kSm90Threads) {
+      if (tile_seen(t)) {
+        mine = t;
+        break;  // this thread's later candidates are larger
+      }
+    }
+    first = block_extreme(slot, true, mine, own, /*is_min=*/true);
+  }
+  auto next_tile = [&](int t) {  // the next key tile to visit after t, or -1
+    for (++t; t <= last; ++t)
+      if (tile_seen(t)) return t;
+    return -1;
+  };
+  auto k_buf = [&](int i) { return base + L::kK + i * L::kTileKV; };
+  auto v_buf = [&](int i) { return base + L::kV + i * L::kTileKV; };
+  auto fetch_keys = [&](int t, int i) {  // K and the key documents of tile t into buffer i
+    load_tile_sw128<BN>(k_buf(i), kg, p.sk.t, t * BN, T, tid);
+    if (docs) {
+      for (int c = tid; c < BN; c += kSm90Threads) {
+        const int j = t * BN + c;
+        key_docs[i * BN + c] = j < T ? doc[j] : INT_MIN;
+      }
+    }
+  };
+
+  // Groups of cp.async, in order: Q + K(first), V(first); then per step K(next) at its start and V(next) at its
+  // end. At a step's start all but the newest group (V of this tile) have landed once one is waited for.
+  load_tile_sw128<BM>(q_s, qg, p.sq.t, q0, T, tid);
+  fetch_keys(first, 0);
+  cp_async_commit();
+  load_tile_sw128<BN>(v_buf(0), vg, p.sv.t, first * BN, T, tid);
+  cp_async_commit();
+
+  // This thread's rows: q0 + 16 warp + g (r = 0) and + 8 (r = 1).
+  const int row0 = q0 + 16 * warp + g;
+  int rdoc[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) rdoc[r] = docs && row0 + 8 * r < T ? doc[row0 + 8 * r] : -1;
+
+  float o[64];              // O accumulator: 64 rows x 128 head dims
+  uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
+  float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = p.sink ? 0.f : -INFINITY;
+    l[r] = 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+
+  int t = first;
+  for (int step = 0; t >= 0; ++step) {
+    const int buf = step & 1;
+    const int nt = next_tile(t);
+    cp_async_wait<1>();  // K(t) (and Q) landed, and V(t - 1); V(t) may still be on its way
+    fence_proxy_async();
+    __syncthreads();  // ... for every thread's copies
+    if (nt >= 0) fetch_keys(nt, buf ^ 1);  // that buffer's K was last read by S(t - 1), complete
+    cp_async_commit();
+
+    float s[BN / 2];  // S = Q K^T: 64 rows x BN keys
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t half = kk >> 2, within = (kk & 3) * 32;
+      wgmma_ss<BN>(s, sw128_desc(q_s + half * L::kHalfQ + within, 16, 1024),
+                   sw128_desc(k_buf(buf) + half * L::kHalfKV + within, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    if (step > 0) {
+      issue_pv<BN>(o, pa, v_buf(buf ^ 1));
+      wgmma_wait<1>();  // S(t) is done; the P V product may still run
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_registers(s);
+
+    // Mask, running max and exponentials (s[4 j + e]: row row0 + 8 (e >> 1), key k0 + 8 j + 2 t4 + (e & 1)).
+    const int k0 = t * BN;
+    const DocRange kd = key_range(t);
+    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd);
+    const bool doc_mask = !single_document(docs, qd, kd);
+    const int32_t* kdocs = key_docs + buf * BN + t4 * 2;
+    const int diff0 = row0 - k0 - t4 * 2, keys_left = T - k0 - t4 * 2;
+#pragma unroll
+    for (int j = 0; j < kNB; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[4 * j + e] * p.scale_log2;
+        if (!full) {
+          const int c = j * 8 + (e & 1), r = e >> 1;
+          bool seen = static_cast<unsigned>(diff0 + r * 8 - c) < span && c < keys_left;
+          if (doc_mask) seen = seen && rdoc[r] == kdocs[c];
+          if (!seen) x = -INFINITY;
+        }
+        s[4 * j + e] = x;
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
+      mx = fmaxf(mx, warp_xor(mx, 2));
+      const float top = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
+      alpha[r] = exp2f(m[r] - top);                  // rescales what was summed against the old max
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kNB; ++j) {
+        s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - top);
+        s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - top);
+        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+
+    wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
+    fence_registers(o);
+    fence_registers(pa);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(&s[8 * ks]);
+      const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]);
+      acc_to_a(pa[ks], lo, hi);
+    }
+    __syncthreads();  // no warp reads V(t - 1) any more: its buffer takes V(next)
+    if (nt >= 0) load_tile_sw128<BN>(v_buf(buf ^ 1), vg, p.sv.t, nt * BN, T, tid);
+    cp_async_commit();
+    t = nt;
+    if (t < 0) {  // the last tile's P V product
+      cp_async_wait<2>();  // V of this tile (two groups back, the last two empty) landed
+      fence_proxy_async();
+      __syncthreads();
+      issue_pv<BN>(o, pa, v_buf(buf));
+      wgmma_wait<0>();
+      fence_registers(o);
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
+
+  // Epilogue: O / denominator and the logsumexp for rows inside T. Each warp stages its 16 rows in the same rows
+  // of the (swizzled) Q tile, which no product reads any more, then writes whole rows.
+  uint16_t* og = p.o + b * p.so.b + h * p.so.h;  // (T, D) rows of this (b, h), p.so.t apart
+  float* lse = p.lse + bh * T;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += warp_xor(sum, 1);
+    sum += warp_xor(sum, 2);
+    const float top = m[r] == -INFINITY ? 0.f : m[r];
+    if (p.sink) sum += exp2f(-top);  // the null slot: logit 0, value 0
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int tr = 16 * warp + g + 8 * r;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      st_shared_u32(q_s + sw128_offset(tr, j, BM) + t4 * 4, pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
+    const int rw = row0 + 8 * r;
+    if (t4 == 0 && rw < T) lse[rw] = sum > 0.f ? (top + log2f(sum)) * kLn2 : INFINITY;
+  }
+  warp_sync();
+  for (int i = lane; i < 16 * 16; i += 32) {
+    const int r = 16 * warp + (i >> 4), c = i & 15, row = q0 + r;
+    if (row < T) copy_shared_to_global_16(og + static_cast<int64_t>(row) * p.so.t + c * 8, q_s + sw128_offset(r, c, BM));
+  }
+#endif
+}
+
+// Which forward serves a call: TSCALE_ATTENTION_FWD_KERNEL = auto (default: this one for calls without a window
+// limit, where it was measured faster than the sm_80 kernel; the sm_80 one for windows, docs/BENCHMARKS.md
+// "The Hopper forward") | sm90 (this one, an error where it cannot run) | mma (the sm_80 kernel).
+inline bool sm90_forward_serves(const FwdParams& p, const at::Tensor& q) {
+  const char* env = std::getenv("TSCALE_ATTENTION_FWD_KERNEL");
+  const bool forced = env != nullptr && std::strcmp(env, "sm90") == 0;
+  TORCH_CHECK(env == nullptr || forced || std::strcmp(env, "auto") == 0 || std::strcmp(env, "mma") == 0,
+              "TSCALE_ATTENTION_FWD_KERNEL must be auto, sm90 or mma, got '", env, "'");
+  if (env != nullptr && std::strcmp(env, "mma") == 0) return false;
+#ifdef TSCALE_WITH_SM90A
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
+  const bool can = major == 9 && minor == 0 && p.D == 128;
+#else
+  const bool can = false;  // this build has no sm_90a code
+#endif
+  TORCH_CHECK(can || !forced, "TSCALE_ATTENTION_FWD_KERNEL=sm90: the Hopper forward needs head dim 128, an sm_90 ",
+              "GPU and a build for sm_90a (TORCH_CUDA_ARCH_LIST with 9.0); got head dim ", p.D);
+  return can && (forced || p.window == 0);
+}
+
+template <int BN, int MIN_BLOCKS>
+void launch_fwd_sm90_config(const FwdParams& p) {
+  const dim3 grid((p.T + kSm90BM - 1) / kSm90BM, p.H, p.B);
+  launch_kernel(attention_fwd_sm90_kernel<BN, MIN_BLOCKS>, grid, dim3(kSm90Threads), Sm90FwdLayout<BN>::kBytes, p);
+}
+
+// Keys per tile: TSCALE_ATTENTION_SM90_BN = 64 | 128, default 64 (80 KiB of shared memory: two blocks a
+// multiprocessor, whose products and softmax overlap; 128-key tiles take 144 KiB, one block).
+inline void launch_fwd_sm90(const FwdParams& p) {
+  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BN");
+  const int bn = env != nullptr ? std::atoi(env) : 64;
+  TORCH_CHECK(bn == 64 || bn == 128, "TSCALE_ATTENTION_SM90_BN must be 64 or 128, got '", env, "'");
+  if (bn == 64)
+    launch_fwd_sm90_config<64, 2>(p);
+  else
+    launch_fwd_sm90_config<128, 1>(p);
+}
+
+}  // namespace
+}  // namespace tscale::attn

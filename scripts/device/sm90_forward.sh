@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The Hopper attention forward on the GPU machine: build, the attention kernel's CUDA tests, then GPU time per
+# kernel of a forward + backward call with each forward (the sm_80 kernel, the sm_90a one at 64- and 128-key
+# tiles), cuDNN's causal call beside.
+#
+#   bash scripts/device/sm90_forward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
+#
+# Writes OUT_DIR/{build,tests}.log, OUT_DIR/profile-{CONFIG}.json (attention_profile.py; CONFIG = auto, mma or
+# sm90-BN; CONFIGS overrides the list) and, with HEADLINE=1, the op's own choice timed by attention_kernel.py
+# (OUT_DIR/attention_kernel.json and .log).
+set -u
+OUT=${1:?usage: sm90_forward.sh OUT_DIR [SECONDS]}
+source scripts/device/deadline.sh "${2:-570}"
+source scripts/device/setup_env.sh "$OUT" || exit 1
+TSCALE_SKIP_EMU=1 timeout "$(( $(left) - 150 ))" python3 -m pytest -q -rfE --maxfail=20 -x tests/test_attention_kernel.py \
+  > "$OUT/tests.log" 2>&1
+echo "tests: $(tail -1 "$OUT/tests.log")"
+grep -E "^(FAILED|ERROR)|Error|error" "$OUT/tests.log" | head -20
+for cfg in ${CONFIGS:-sm90-64 sm90-128 mma}; do
+  IFS=- read -r kernel bn <<< "$cfg"
+  TSCALE_ATTENTION_FWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BN=${bn:-64} timeout "$(left)" \
+    python3 scripts/bench/attention_profile.py --steps 10 --out "$OUT/profile-$cfg.json" > "$OUT/profile-$cfg.log" 2>&1
+  echo "profile $cfg: exit $?"
+  grep -E "^T|fwd" "$OUT/profile-$cfg.log"
+done
+if [ "${HEADLINE:-0}" = 1 ]; then
+  timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/attention_kernel.log" 2>&1
+  echo "attention_kernel: exit $?"; tail -12 "$OUT/attention_kernel.log"
+  cp docs/bench/attention_kernel.json "$OUT/" 2>/dev/null
+fi
+true
