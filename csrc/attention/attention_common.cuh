@@ -218,6 +218,55 @@ __device__ __forceinline__ int block_extreme(int* slot, bool has, int value, int
   return r;
 }
 
+// The key tiles (of `bn` keys) that the query tile [q0, q0 + bm) of batch row b visits in the forward: none after the
+// causal bound (`last`), none before the window's first key, and of those only the tiles whose document-id range
+// meets the query tile's (every later one does, with non-decreasing ids).
+struct ForwardKeyTiles {
+  bool docs;
+  const int32_t* dmin;  // per-32-position document-id ranges of batch row b (when docs)
+  const int32_t* dmax;
+  int n_stat, bn, last;
+  DocRange qd;  // the query tile's document ids
+
+  __device__ __forceinline__ DocRange key_range(int t) const {
+    return docs ? doc_range(dmin, dmax, t * bn, bn, n_stat) : DocRange{0, 0};
+  }
+  __device__ __forceinline__ bool seen(int t) const { return !docs || overlaps(qd, key_range(t)); }
+  // The next key tile to visit after t, or -1.
+  __device__ __forceinline__ int next(int t) const {
+    for (++t; t <= last; ++t)
+      if (seen(t)) return t;
+    return -1;
+  }
+  // The first one: the window's, then the first whose documents meet the queries' (the tile of q0 always does),
+  // found by all `nthreads` threads of the block at once; each must call it (block_extreme, `slot`).
+  __device__ __forceinline__ int first(int q0, int window, int tid, int nthreads, int* slot) const {
+    const int from = window > 0 ? imax(0, q0 - window + 1) / bn : 0;
+    if (!docs) return from;
+    const int own = q0 / bn;
+    int mine = own;
+    for (int t = from + tid; t < own; t += nthreads) {
+      if (seen(t)) {
+        mine = t;
+        break;  // this thread's later candidates are larger
+      }
+    }
+    return block_extreme(slot, true, mine, own, /*is_min=*/true);
+  }
+};
+
+__device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const FwdParams& p, int b, int q0, int bm, int bn) {
+  ForwardKeyTiles w;
+  w.docs = p.doc != nullptr;
+  w.dmin = w.docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  w.dmax = w.docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  w.n_stat = p.n_stat;
+  w.bn = bn;
+  w.last = imin((q0 + bm - 1) / bn, (p.T + bn - 1) / bn - 1);
+  w.qd = w.docs ? doc_range(w.dmin, w.dmax, q0, bm, p.n_stat) : DocRange{0, 0};
+  return w;
+}
+
 // Per-32-position document-id ranges: dmin/dmax (B, n_stat) from doc (B, T). One warp per range:
 // lane j reads position 32 s + j (a warp's loads are one 128-byte line), then a butterfly of
 // shuffles leaves the range's min and max in every lane.

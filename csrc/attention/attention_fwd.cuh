@@ -72,11 +72,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
   const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
-  const int n_qtiles = (T + BM - 1) / BM, n_ktiles = (T + kTile - 1) / kTile;
+  const int n_qtiles = (T + BM - 1) / BM;
   const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = qt * BM;
-  const int last = imin((q0 + BM - 1) / kTile, n_ktiles - 1);  // causal: no key tile after this one
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
   const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
@@ -84,30 +83,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
-  const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  const DocRange qd = docs ? doc_range(dmin, dmax, q0, BM, p.n_stat) : DocRange{0, 0};
-  auto key_range = [&](int t) { return docs ? doc_range(dmin, dmax, t * kTile, kTile, p.n_stat) : DocRange{0, 0}; };
-  auto tile_seen = [&](int t) { return !docs || overlaps(qd, key_range(t)); };
-
-  // First key tile: the window's, then the first whose documents meet ours (the tile of q0 always does).
-  int first = window > 0 ? imax(0, q0 - window + 1) / kTile : 0;
-  if (docs) {
-    const int own = q0 / kTile;
-    int mine = own;
-    for (int t = first + tid; t < own; t += kThreads) {
-      if (tile_seen(t)) {
-        mine = t;
-        break;  // this thread's later candidates are larger
-      }
-    }
-    first = block_extreme(slot, true, mine, own, /*is_min=*/true);
-  }
-  auto next_tile = [&](int t) {  // the next key tile to visit after t, or -1
-    for (++t; t <= last; ++t)
-      if (tile_seen(t)) return t;
-    return -1;
-  };
+  const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, kTile);
+  const DocRange qd = tiles.qd;
+  const int first = tiles.first(q0, window, tid, kThreads, slot);
   auto fetch_keys = [&](int t, int parity) {
     load_tile<kTile, D>(k_s, kg, p.sk.t, t * kTile, T, tid);
     if (docs) {
@@ -152,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   int t = first;
   for (int step = 0; t >= 0; ++step) {
     const int parity = step & 1;
-    const int nt = next_tile(t);
+    const int nt = tiles.next(t);
     cp_async_wait<1>();  // all but the newest group (V(t)) are in: K(t), and Q on the first step
     __syncthreads();
     if (kQInRegs && step == 0) {
@@ -197,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     // Without a document boundary in the tile pair (single_document), the mask skips the key documents'
     // shared-memory reads: the causal, window and T bounds decide alone.
     const int k0 = t * kTile;
-    const DocRange kd = key_range(t);
+    const DocRange kd = tiles.key_range(t);
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
     const bool doc_mask = !single_document(docs, qd, kd);
     const int32_t* kdocs = key_docs + parity * kTile + t4 * 2;

@@ -81,42 +81,20 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
   const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
-  const int n_qtiles = (T + BM - 1) / BM, n_ktiles = (T + BN - 1) / BN;
+  const int n_qtiles = (T + BM - 1) / BM;
   const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = qt * BM;
-  const int last = imin((q0 + BM - 1) / BN, n_ktiles - 1);  // causal: no key tile after this one
-  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;       // (T, D) rows of this (b, h)
+  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
   const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
-  const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  const DocRange qd = docs ? doc_range(dmin, dmax, q0, BM, p.n_stat) : DocRange{0, 0};
-  auto key_range = [&](int t) { return docs ? doc_range(dmin, dmax, t * BN, BN, p.n_stat) : DocRange{0, 0}; };
-  auto tile_seen = [&](int t) { return !docs || overlaps(qd, key_range(t)); };
-
-  // First key tile: the window's, then the first whose documents meet ours (the tile of q0 always does).
-  int first = window > 0 ? imax(0, q0 - window + 1) / BN : 0;
-  if (docs) {
-    const int own = q0 / BN;
-    int mine = own;
-    for (int t = first + tid; t < own; t += kSm90Threads) {
-      if (tile_seen(t)) {
-        mine = t;
-        break;  // this thread's later candidates are larger
-      }
-    }
-    first = block_extreme(slot, true, mine, own, /*is_min=*/true);
-  }
-  auto next_tile = [&](int t) {  // the next key tile to visit after t, or -1
-    for (++t; t <= last; ++t)
-      if (tile_seen(t)) return t;
-    return -1;
-  };
+  const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, BN);
+  const DocRange qd = tiles.qd;
+  const int first = tiles.first(q0, window, tid, kSm90Threads, slot);
   auto k_buf = [&](int i) { return base + L::kK + i * L::kTileKV; };
   auto v_buf = [&](int i) { return base + L::kV + i * L::kTileKV; };
   auto fetch_keys = [&](int t, int i) {  // K and the key documents of tile t into buffer i
@@ -157,7 +135,7 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
   int t = first;
   for (int step = 0; t >= 0; ++step) {
     const int buf = step & 1;
-    const int nt = next_tile(t);
+    const int nt = tiles.next(t);
     cp_async_wait<1>();  // K(t) (and Q) landed, and V(t - 1); V(t) may still be on its way
     fence_proxy_async();
     __syncthreads();  // ... for every thread's copies
@@ -183,7 +161,7 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
 
     // Mask, running max and exponentials (s[4 j + e]: row row0 + 8 (e >> 1), key k0 + 8 j + 2 t4 + (e & 1)).
     const int k0 = t * BN;
-    const DocRange kd = key_range(t);
+    const DocRange kd = tiles.key_range(t);
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd);
     const bool doc_mask = !single_document(docs, qd, kd);
     const int32_t* kdocs = key_docs + buf * BN + t4 * 2;
