@@ -28,14 +28,16 @@ TOL = 2.5e-2
 
 def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
     """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
-    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN" for the Hopper kernel
-    with BN-key tiles (skips where it cannot run: head dim 64, or not an sm_90 GPU), or "auto" for the op's own
-    choice."""
+    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the Hopper kernel
+    with BN-key tiles and WGS warpgroups a block (skips where it cannot run: head dim 64, or not an sm_90 GPU),
+    or "auto" for the op's own choice."""
     if fwd.startswith("sm90"):
         if D != 128 or not _hopper():
             pytest.skip("the Hopper forward needs head dim 128 on an sm_90 GPU")
+        _, bn, wgs = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "sm90")
-        monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", fwd.split("-")[1])
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_WGS", wgs)
     elif fwd != "auto":
         rows, blocks = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
@@ -109,7 +111,7 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "sm90-64", "sm90-128"])
+@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "sm90-64-1", "sm90-64-2"])
 def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
     _set_forward_config(fwd, monkeypatch, D)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
@@ -122,9 +124,9 @@ def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 16, 128, 300])
-@pytest.mark.parametrize("fwd", ["sm90-64", "sm90-128"])
+@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2"])
 def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch):
-    """The sm_90a forward (wgmma) at both key-tile sizes, on every mask rule; the backward after it is the
+    """The sm_90a forward (wgmma) at both key-tile sizes, one or two warpgroups a block, on every mask rule; the backward after it is the
     sm_80 kernel's, fed the Hopper forward's output and logsumexp."""
     _set_forward_config(fwd, monkeypatch)
     _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 1, device="cuda"), window=window, sink=sink)

@@ -1,9 +1,9 @@
 // The attention forward for Hopper (sm_90a): warpgroup products (wgmma) for head dim 128, same op, same masks.
 //
-// One block of one warpgroup (128 threads) per (64-query tile, head, batch row); with 64-key tiles two blocks
-// share a multiprocessor. The block walks the BN-key tiles its queries can see (the rules of attention_fwd.cuh:
-// causal, window, document ranges). Per tile t, the products are issued asynchronously so that the tensor cores
-// work while the softmax runs:
+// One block of WGS warpgroups (128 threads each) per (64 WGS-query tile, head, batch row); warpgroup w owns the
+// block's queries [64 w, 64 w + 64). The block walks the BN-key tiles its queries can see (ForwardKeyTiles:
+// causal, window, document ranges). Per tile t and warpgroup, the products are issued asynchronously so that the
+// tensor cores work while the softmax runs:
 //   issue S(t) = Q K(t)^T          wgmma m64nBNk16, Q and K from shared memory, 8 k-steps over the head dims
 //   issue O += P(t-1) V(t-1)        wgmma m64n128k16, P from registers as bf16, V read transposed
 //   wait for S(t); mask, running max and exponentials of S(t) (the accumulator layout is mma.sync's, so the
@@ -24,12 +24,12 @@
 namespace tscale::attn {
 namespace {
 
-constexpr int kSm90Threads = 128;  // one warpgroup
-constexpr int kSm90BM = 64;        // queries per block
-
-template <int BN>
+// BN keys per tile, WGS warpgroups a block (64 queries each).
+template <int BN, int WGS>
 struct Sm90FwdLayout {
-  static constexpr uint32_t kHalfQ = kSm90BM * 128;  // bytes of one half (64 head dims) of the Q tile
+  static constexpr int kThreads = 128 * WGS;
+  static constexpr int kBM = 64 * WGS;           // queries per block
+  static constexpr uint32_t kHalfQ = kBM * 128;  // bytes of one half (64 head dims) of the Q tile
   static constexpr uint32_t kHalfKV = BN * 128;      // of a K or V tile
   static constexpr uint32_t kTileKV = 2 * kHalfKV;
   static constexpr uint32_t kQ = 0;
@@ -41,11 +41,11 @@ struct Sm90FwdLayout {
 };
 
 // Rows [row0, row0 + ROWS) of a (T, 128) bf16 matrix (row stride `stride` elements) into the swizzled tile at
-// `tile`, 16-byte cp.async by all threads; rows at or past T are zero-filled.
-template <int ROWS>
+// `tile`, 16-byte cp.async by all NTHREADS threads; rows at or past T are zero-filled.
+template <int ROWS, int NTHREADS>
 __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const uint16_t* g, int64_t stride, int row0, int T,
                                                 int tid) {
-  for (int i = tid; i < ROWS * 16; i += kSm90Threads) {
+  for (int i = tid; i < ROWS * 16; i += NTHREADS) {
     const int r = i >> 4, c = i & 15;
     const bool ok = row0 + r < T;
     const uint16_t* src = g + (ok ? static_cast<int64_t>(row0 + r) * stride : 0) + c * 8;
@@ -58,17 +58,16 @@ template <int BN>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[BN / 16][4], uint32_t v_s) {
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < BN / 16; ++ks)
-    wgmma_rs_n128_tb(o, pa[ks], sw128_desc(v_s + ks * 2048, Sm90FwdLayout<BN>::kHalfKV, 1024));
+  for (int ks = 0; ks < BN / 16; ++ks) wgmma_rs_n128_tb(o, pa[ks], sw128_desc(v_s + ks * 2048, BN * 128, 1024));
   wgmma_commit();
 }
 
 // MIN_BLOCKS: blocks per multiprocessor the registers must leave room for (__launch_bounds__).
-template <int BN, int MIN_BLOCKS>
-__global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_kernel(const FwdParams p) {
+template <int BN, int WGS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kernel(const FwdParams p) {
 #ifdef TSCALE_SM90A_DEVICE
-  using L = Sm90FwdLayout<BN>;
-  constexpr int BM = kSm90BM;
+  using L = Sm90FwdLayout<BN, WGS>;
+  constexpr int BM = L::kBM, kThreads = L::kThreads;
   constexpr int kNB = BN / 8;  // n8-blocks of keys in S
   TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
   const uint32_t raw = smem_addr(smem_raw);
@@ -78,7 +77,7 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
   int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
   const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
   const int n_qtiles = (T + BM - 1) / BM;
@@ -94,13 +93,13 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
   const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, BN);
   const DocRange qd = tiles.qd;
-  const int first = tiles.first(q0, window, tid, kSm90Threads, slot);
+  const int first = tiles.first(q0, window, tid, kThreads, slot);
   auto k_buf = [&](int i) { return base + L::kK + i * L::kTileKV; };
   auto v_buf = [&](int i) { return base + L::kV + i * L::kTileKV; };
   auto fetch_keys = [&](int t, int i) {  // K and the key documents of tile t into buffer i
-    load_tile_sw128<BN>(k_buf(i), kg, p.sk.t, t * BN, T, tid);
+    load_tile_sw128<BN, kThreads>(k_buf(i), kg, p.sk.t, t * BN, T, tid);
     if (docs) {
-      for (int c = tid; c < BN; c += kSm90Threads) {
+      for (int c = tid; c < BN; c += kThreads) {
         const int j = t * BN + c;
         key_docs[i * BN + c] = j < T ? doc[j] : INT_MIN;
       }
@@ -109,13 +108,13 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
 
   // Groups of cp.async, in order: Q + K(first), V(first); then per step K(next) at its start and V(next) at its
   // end. At a step's start all but the newest group (V of this tile) have landed once one is waited for.
-  load_tile_sw128<BM>(q_s, qg, p.sq.t, q0, T, tid);
+  load_tile_sw128<BM, kThreads>(q_s, qg, p.sq.t, q0, T, tid);
   fetch_keys(first, 0);
   cp_async_commit();
-  load_tile_sw128<BN>(v_buf(0), vg, p.sv.t, first * BN, T, tid);
+  load_tile_sw128<BN, kThreads>(v_buf(0), vg, p.sv.t, first * BN, T, tid);
   cp_async_commit();
 
-  // This thread's rows: q0 + 16 warp + g (r = 0) and + 8 (r = 1).
+  // This thread's rows: q0 + 16 warp + g (r = 0) and + 8 (r = 1), in its warpgroup's 64.
   const int row0 = q0 + 16 * warp + g;
   int rdoc[2];
 #pragma unroll
@@ -147,7 +146,7 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t half = kk >> 2, within = (kk & 3) * 32;
-      wgmma_ss<BN>(s, sw128_desc(q_s + half * L::kHalfQ + within, 16, 1024),
+      wgmma_ss<BN>(s, sw128_desc(q_s + half * L::kHalfQ + wg * 64 * 128 + within, 16, 1024),
                    sw128_desc(k_buf(buf) + half * L::kHalfKV + within, 16, 1024), kk > 0);
     }
     wgmma_commit();
@@ -218,7 +217,7 @@ __global__ void __launch_bounds__(kSm90Threads, MIN_BLOCKS) attention_fwd_sm90_k
       acc_to_a(pa[ks], lo, hi);
     }
     __syncthreads();  // no warp reads V(t - 1) any more: its buffer takes V(next)
-    if (nt >= 0) load_tile_sw128<BN>(v_buf(buf ^ 1), vg, p.sv.t, nt * BN, T, tid);
+    if (nt >= 0) load_tile_sw128<BN, kThreads>(v_buf(buf ^ 1), vg, p.sv.t, nt * BN, T, tid);
     cp_async_commit();
     t = nt;
     if (t < 0) {  // the last tile's P V product
@@ -281,22 +280,30 @@ inline bool sm90_forward_serves(const FwdParams& p, const at::Tensor& q) {
   return can && (forced || p.window == 0);
 }
 
-template <int BN, int MIN_BLOCKS>
+template <int BN, int WGS, int MIN_BLOCKS>
 void launch_fwd_sm90_config(const FwdParams& p) {
-  const dim3 grid((p.T + kSm90BM - 1) / kSm90BM, p.H, p.B);
-  launch_kernel(attention_fwd_sm90_kernel<BN, MIN_BLOCKS>, grid, dim3(kSm90Threads), Sm90FwdLayout<BN>::kBytes, p);
+  using L = Sm90FwdLayout<BN, WGS>;
+  const dim3 grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
+  launch_kernel(attention_fwd_sm90_kernel<BN, WGS, MIN_BLOCKS>, grid, dim3(L::kThreads), L::kBytes, p);
 }
 
-// Keys per tile: TSCALE_ATTENTION_SM90_BN = 64 | 128, default 64 (80 KiB of shared memory: two blocks a
-// multiprocessor, whose products and softmax overlap; 128-key tiles take 144 KiB, one block).
+// Keys per tile (TSCALE_ATTENTION_SM90_BN = 64 | 128) and warpgroups a block (TSCALE_ATTENTION_SM90_WGS = 1 | 2).
+// Defaults, measured (docs/BENCHMARKS.md, "The Hopper forward"): without a window, 128-key tiles and two
+// warpgroups, which share their K and V tiles (half the traffic from L2; 160 KiB of shared memory, one block a
+// multiprocessor); with one, 64-key tiles and one warpgroup (80 KiB: two blocks a multiprocessor, whose products
+// and softmax overlap).
 inline void launch_fwd_sm90(const FwdParams& p) {
-  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BN");
-  const int bn = env != nullptr ? std::atoi(env) : 64;
-  TORCH_CHECK(bn == 64 || bn == 128, "TSCALE_ATTENTION_SM90_BN must be 64 or 128, got '", env, "'");
-  if (bn == 64)
-    launch_fwd_sm90_config<64, 2>(p);
+  const char* env_bn = std::getenv("TSCALE_ATTENTION_SM90_BN");
+  const char* env_wgs = std::getenv("TSCALE_ATTENTION_SM90_WGS");
+  const bool windowed = p.window > 0;
+  const int bn = env_bn != nullptr ? std::atoi(env_bn) : windowed ? 64 : 128;
+  const int wgs = env_wgs != nullptr ? std::atoi(env_wgs) : windowed ? 1 : 2;
+  TORCH_CHECK(bn == 64 || bn == 128, "TSCALE_ATTENTION_SM90_BN must be 64 or 128, got '", env_bn, "'");
+  TORCH_CHECK(wgs == 1 || wgs == 2, "TSCALE_ATTENTION_SM90_WGS must be 1 or 2, got '", env_wgs, "'");
+  if (wgs == 1)
+    bn == 64 ? launch_fwd_sm90_config<64, 1, 2>(p) : launch_fwd_sm90_config<128, 1, 1>(p);
   else
-    launch_fwd_sm90_config<128, 1>(p);
+    bn == 64 ? launch_fwd_sm90_config<64, 2, 1>(p) : launch_fwd_sm90_config<128, 2, 1>(p);
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The Hopper attention forward on the GPU machine: build, the attention kernel's CUDA tests, then GPU time per
 # kernel of a forward + backward call with each forward (the sm_80 kernel, the sm_90a one at 64- and 128-key
-# tiles), cuDNN's causal call beside.
+# tiles, one or two warpgroups a block), cuDNN's causal call beside.
 #
 #   bash scripts/device/sm90_forward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
 # Writes OUT_DIR/{build,tests}.log, OUT_DIR/profile-{CONFIG}.json (attention_profile.py; CONFIG = auto, mma or
-# sm90-BN; CONFIGS overrides the list) and, with HEADLINE=1, the op's own choice timed by attention_kernel.py
+# sm90-BN-WGS; CONFIGS overrides the list) and, with HEADLINE=1, the op's own choice timed by attention_kernel.py
 # (OUT_DIR/attention_kernel.json and .log).
 set -u
 OUT=${1:?usage: sm90_forward.sh OUT_DIR [SECONDS]}
@@ -16,9 +16,10 @@ TSCALE_SKIP_EMU=1 timeout "$(( $(left) - 150 ))" python3 -m pytest -q -rfE --max
   > "$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)|Error|error" "$OUT/tests.log" | head -20
-for cfg in ${CONFIGS:-sm90-64 sm90-128 mma}; do
-  IFS=- read -r kernel bn <<< "$cfg"
-  TSCALE_ATTENTION_FWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BN=${bn:-64} timeout "$(left)" \
+for cfg in ${CONFIGS:-sm90-64-1 sm90-64-2 sm90-128-2 mma}; do
+  IFS=- read -r kernel bn wgs <<< "$cfg"
+  TSCALE_ATTENTION_FWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BN=${bn:-64} TSCALE_ATTENTION_SM90_WGS=${wgs:-1} \
+    timeout "$(left)" \
     python3 scripts/bench/attention_profile.py --steps 10 --out "$OUT/profile-$cfg.json" > "$OUT/profile-$cfg.log" 2>&1
   echo "profile $cfg: exit $?"
   grep -E "^T|fwd" "$OUT/profile-$cfg.log"
