@@ -267,6 +267,42 @@ def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatc
         _assert_close(name, a, b)
 
 
+EMU_HOPPER_CASES = [c for c in EMU_CASES if c[3] == 128] + [(2, 1, 300, 128, 100, "sparse", True)]
+
+
+@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2"])
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and products complete at random times / early / late
+@pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_hopper_forward_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
+    """The sm_90a forward's source with its wgmma products emulated (the descriptors' layouts, the products run at
+    issue or at the wait that retires them): output against the reference, logsumexp against the sm_80 forward's,
+    and the sm_80 backward fed by it. With copy_mode 2 every copy and product lands at its wait, so a tile
+    refilled or a fragment touched before its product is done changes the result."""
+    _, bn, wgs = fwd.split("-")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_WGS", wgs)
+    B, H, T, D, window, layout, sink = case
+    emu.set_seed(T + copy_mode)
+    emu.set_copy_mode(copy_mode)
+    emu.set_block_order(1)
+    q, k, v, do, docs = _case(B, H, T, D, layout, seed=T)
+    docs32 = docs.int() if docs is not None else None
+    kw = dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
+    out, lse = emu.fwd_sm90(q, k, v, docs32, window, sink, D ** -0.5)
+    _, lse_sm80 = emu.fwd(q, k, v, docs32, window, sink, D ** -0.5)
+    finite = torch.isfinite(lse_sm80)
+    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
+    grads = emu.bwd(do, q, k, v, out, lse, docs32, window, sink, D ** -0.5)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), _reference(q, k, v, do, **kw)):
+        _assert_close(name, a, b)
+
+
+def test_emulated_hopper_forward_refuses_head_dim_64(emu):
+    q, k, v, _, _ = _case(1, 1, 64, 64, "none")
+    with pytest.raises(RuntimeError, match="serves head dim 128"):
+        emu.fwd_sm90(q, k, v, None, 0, False, 0.125)
+
+
 def test_emulated_forward_config_is_checked(emu, monkeypatch):
     """Three blocks a multiprocessor exist only for 64-query tiles; a bad override names its variable."""
     q, k, v, _, _ = _case(1, 1, 64, 128, "none")

@@ -1,8 +1,10 @@
 // Hopper warpgroup primitives for the sm_90a attention kernels: wgmma products, their fences, and the shared-memory
 // tile layout they read.
 //
-// Everything here compiles to code only for sm_90a (TSCALE_SM90A_DEVICE); other targets see empty bodies, and
-// the host never launches a kernel built from them there (attention_sm90_host.h checks the device and the build).
+// The products compile to code only for sm_90a (TSCALE_SM90A_DEVICE); other targets see empty bodies, and the
+// host never launches a kernel built from them there (attention_fwd.cu checks the device and the build). The CPU
+// emulator of the tests (tests/attention_emu) defines its own products, fences and waits, and runs the kernels'
+// bodies.
 //
 // Tile layout ("128-byte swizzled rows", what wgmma calls SWIZZLE_128B): a (rows, 128) bf16 tile is stored as
 // two halves of 64 head dims, each half [rows][128 bytes]; within a half, the 16-byte chunk c of row r sits at
@@ -19,7 +21,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(TSCALE_ATTENTION_EMULATE) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define TSCALE_SM90A_DEVICE 1
 #endif
 
@@ -38,6 +40,7 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t leading_b
          (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (uint64_t{1} << 62);
 }
 
+#ifndef TSCALE_ATTENTION_EMULATE
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef TSCALE_SM90A_DEVICE
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -80,11 +83,6 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-}
-
-// The 128 threads of warpgroup `wg` (0 or 1) meet; named barriers 1 and 2 (0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
 
 #define TSCALE_WGMMA_D32                                                                          \
@@ -143,6 +141,7 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t 
 #undef TSCALE_F4
 #undef TSCALE_WGMMA_D64
 #undef TSCALE_WGMMA_D32
+#endif  // TSCALE_ATTENTION_EMULATE
 
 }  // namespace
 }  // namespace tscale::attn

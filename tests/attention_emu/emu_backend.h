@@ -11,6 +11,13 @@
 //   cp.async: the copy happens at issue or at the wait that retires its group (emu_runtime.h,
 //     copy_mode); late copies leave the 0xFF poison for a read that misses its wait; src_bytes 0
 //     writes 16 zero bytes.
+//   wgmma .m64nNk16 .f32.bf16.bf16 (csrc/attention/wgmma_sm90.cuh; warpgroup w = threads 128 w..128 w + 127,
+//     its warp i holding rows 16 i..16 i + 15 in mma.sync's fragment layouts): operands in shared memory are read
+//     through their 64-bit descriptors, 128-byte swizzle only (bits 4-6 of a byte address XORed with bits 7-9);
+//     K-major: element (row, k) at start + (row / 8) SBO + (row % 8) 128 + 2 k; MN-major (B transposed): element
+//     (k, n) at start + (n / 64) LBO + (k / 8) SBO + (k % 8) 128 + 2 (n % 64). A product runs at issue or at the
+//     wait that retires its group (copy_mode, as cp.async; in issue order), reading its registers and shared
+//     memory then: a kernel that touches them in between sees the difference.
 // Shared addresses are byte offsets into the block's shared memory.
 #pragma once
 
@@ -22,6 +29,7 @@
 #include <cstring>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "emu_runtime.h"
 
@@ -236,6 +244,141 @@ inline void warp_sync() {
 inline void atomic_min_shared(int* p, int v) { *p = std::min(*p, v); }
 inline void atomic_max_shared(int* p, int v) { *p = std::max(*p, v); }
 
+// ---- Hopper warpgroup products (the names of csrc/attention/wgmma_sm90.cuh) ----
+
+inline void wgmma_fence() {}
+inline void fence_proxy_async() {}
+template <int N>
+inline void fence_registers(float (&)[N]) {}
+template <int N>
+inline void fence_registers(uint32_t (&)[N][4]) {}
+
+// The bf16 value at a byte offset in shared memory, after the 128-byte swizzle.
+inline float smem_bf16_sw128(uint32_t addr) {
+  addr ^= ((addr >> 7) & 7u) << 4;
+  return bf16_to_float(load_u16(shared_at(addr, 2, 2)));
+}
+
+struct WgmmaDesc {
+  uint32_t start, lbo, sbo;
+};
+
+inline WgmmaDesc decode_desc(uint64_t d) {
+  if ((d >> 62) != 1) emu::fail("wgmma: only 128-byte swizzled operands are emulated");
+  if (((d >> 49) & 7u) != 0) emu::fail("wgmma: a descriptor base offset other than 0");
+  return WgmmaDesc{static_cast<uint32_t>(d & 0x3FFFu) << 4, static_cast<uint32_t>((d >> 16) & 0x3FFFu) << 4,
+                   static_cast<uint32_t>((d >> 32) & 0x3FFFu) << 4};
+}
+
+// K-major operand element (row, k), row over M or N, k < 16.
+inline float k_major(const WgmmaDesc& d, int row, int k) {
+  return smem_bf16_sw128(d.start + (row / 8) * d.sbo + (row % 8) * 128 + 2 * k);
+}
+
+// MN-major operand element (k, n): B read transposed.
+inline float mn_major(const WgmmaDesc& d, int k, int n) {
+  return smem_bf16_sw128(d.start + (n / 64) * d.lbo + (k / 8) * d.sbo + (k % 8) * 128 + 2 * (n % 64));
+}
+
+struct WgmmaOperands {
+  float* d;            // this thread's accumulator fragment
+  const uint32_t* a;   // this thread's A fragment (register form), or nullptr
+  uint64_t a_desc, b_desc;
+  int accumulate;
+};
+
+// D (64 x N) = A (64 x 16) B (16 x N) (+ D), queued on the warpgroup; A from shared memory (K-major) or registers,
+// B from shared memory, K-major or (b_mn_major) MN-major.
+template <int N>
+inline void wgmma_issue(const WgmmaOperands& ops, bool b_mn_major) {
+  emu::warpgroup_collective(7, &ops, nullptr, [b_mn_major](emu::Fiber** lanes, int wg) {
+    // The operands by value (the structs live in the issuing frames); the fragments they point to are the
+    // kernel's, which it must leave alone until the wait.
+    std::vector<WgmmaOperands> each(128);
+    for (int L = 0; L < 128; ++L) {
+      each[L] = *static_cast<const WgmmaOperands*>(lanes[L]->in);
+      if (each[L].a_desc != each[0].a_desc || each[L].b_desc != each[0].b_desc ||
+          each[L].accumulate != each[0].accumulate || (each[L].a == nullptr) != (each[0].a == nullptr))
+        emu::fail("wgmma: threads of one warpgroup issued different operands");
+    }
+    auto run = [each, b_mn_major] {
+      const WgmmaOperands& o = each[0];
+      float A[64][16], B[16][N];
+      auto lo = [](uint32_t x) { return bf16_to_float(static_cast<uint16_t>(x & 0xFFFFu)); };
+      auto hi = [](uint32_t x) { return bf16_to_float(static_cast<uint16_t>(x >> 16)); };
+      if (o.a == nullptr) {
+        const WgmmaDesc ad = decode_desc(o.a_desc);
+        for (int m = 0; m < 64; ++m)
+          for (int k = 0; k < 16; ++k) A[m][k] = k_major(ad, m, k);
+      } else {
+        for (int L = 0; L < 128; ++L) {
+          const uint32_t* a = each[L].a;
+          const int r = 16 * (L / 32) + ((L % 32) >> 2), c = 2 * (L & 3);
+          A[r][c] = lo(a[0]), A[r][c + 1] = hi(a[0]);
+          A[r + 8][c] = lo(a[1]), A[r + 8][c + 1] = hi(a[1]);
+          A[r][c + 8] = lo(a[2]), A[r][c + 9] = hi(a[2]);
+          A[r + 8][c + 8] = lo(a[3]), A[r + 8][c + 9] = hi(a[3]);
+        }
+      }
+      const WgmmaDesc bd = decode_desc(o.b_desc);
+      for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < N; ++n) B[k][n] = b_mn_major ? mn_major(bd, k, n) : k_major(bd, n, k);
+      for (int L = 0; L < 128; ++L) {
+        float* d = each[L].d;
+        const int r0 = 16 * (L / 32) + ((L % 32) >> 2), c0 = 2 * (L & 3);
+        for (int j = 0; j < N / 8; ++j)
+          for (int e = 0; e < 4; ++e) {
+            const int r = r0 + 8 * (e >> 1), c = 8 * j + c0 + (e & 1);
+            double acc = o.accumulate ? d[4 * j + e] : 0.0;
+            for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * B[k][c];
+            d[4 * j + e] = static_cast<float>(acc);
+          }
+      }
+    };
+    emu::Runtime& r = emu::rt();
+    emu::WarpgroupQueue& q = r.wgmma[wg];
+    const bool early = q.deferred == 0 && (r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1)));
+    if (early) {
+      run();
+      q.open.push_back([] {});  // still counts in its group
+    } else {
+      ++q.deferred;
+      q.open.push_back([run, &q] {
+        run();
+        --q.deferred;
+      });
+    }
+  });
+}
+
+template <int N>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  wgmma_issue<N>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, false);
+}
+
+inline void wgmma_rs_n128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc) {
+  wgmma_issue<128>(WgmmaOperands{d, a, 0, b_desc, 1}, true);
+}
+
+inline void wgmma_commit() {
+  emu::warpgroup_collective(8, nullptr, nullptr, [](emu::Fiber**, int wg) {
+    emu::WarpgroupQueue& q = emu::rt().wgmma[wg];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+  });
+}
+
+template <int N>
+inline void wgmma_wait() {
+  emu::warpgroup_collective(9 + N, nullptr, nullptr, [](emu::Fiber**, int wg) {
+    emu::WarpgroupQueue& q = emu::rt().wgmma[wg];
+    while (q.groups.size() > static_cast<size_t>(N)) {
+      for (auto& run : q.groups.front()) run();
+      q.groups.erase(q.groups.begin());
+    }
+  });
+}
+
 // ---- host side ----
 
 inline void check_device(const at::Tensor& t, const char* op, const char* name) {
@@ -246,11 +389,12 @@ struct DeviceScope {
   explicit DeviceScope(const at::Tensor&) {}
 };
 
-constexpr size_t kMaxSharedBytes = 99 * 1024;  // the opt-in limit of sm_86 / sm_89, the smallest of the targets
-
+// Launches with at most emu::rt().smem_limit bytes of dynamic shared memory: the opt-in limit of sm_86 / sm_89,
+// the smallest of the targets, unless an entry for Hopper kernels raised it to sm_90's.
 template <typename... KArgs, typename... Args>
 void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  TORCH_CHECK(smem <= kMaxSharedBytes, "emulated launch: ", smem, " bytes of shared memory exceed the sm_86 limit");
+  TORCH_CHECK(smem <= emu::rt().smem_limit, "emulated launch: ", smem, " bytes of shared memory exceed the limit of ",
+              emu::rt().smem_limit);
   TORCH_CHECK(grid.y <= 65535 && grid.z <= 65535, "emulated launch: grid too large");
   std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
   emu::launch(emu::Dim3{grid.x, grid.y, grid.z}, emu::Dim3{block.x, block.y, block.z}, smem,

@@ -25,6 +25,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace emu {
@@ -47,10 +48,23 @@ struct Fiber {
   std::vector<std::vector<std::function<void()>>> groups;         // committed groups, oldest first
 };
 
-struct WarpSlot {
+// Where the threads of one warp (32 lanes) or one warpgroup (128) gather for a collective.
+template <int LANES>
+struct GroupSlot {
   int arrived = 0;
   int op = -1;
-  Fiber* lanes[32] = {};
+  Fiber* lanes[LANES] = {};
+};
+using WarpSlot = GroupSlot<32>;
+using WarpgroupSlot = GroupSlot<128>;
+
+// A warpgroup's asynchronous products (wgmma): issued but not committed, then committed groups, oldest first.
+// Each runs when the copy mode says (at issue, or at the wait that retires its group), but in issue order, as the
+// hardware runs them: a product runs at issue only when none issued before it is still deferred.
+struct WarpgroupQueue {
+  std::vector<std::function<void()>> open;
+  std::vector<std::vector<std::function<void()>>> groups;
+  int deferred = 0;  // products queued that have not run
 };
 
 constexpr size_t kStackBytes = 256 * 1024;
@@ -59,6 +73,8 @@ struct Runtime {
   Dim3 grid, block, block_idx;
   std::vector<std::unique_ptr<Fiber>> fibers;
   std::vector<WarpSlot> warps;
+  std::vector<WarpgroupSlot> warpgroups;
+  std::vector<WarpgroupQueue> wgmma;  // per warpgroup
   Fiber* current = nullptr;
   ucontext_t scheduler{};
   unsigned char* smem = nullptr;  // 16-byte aligned
@@ -71,6 +87,7 @@ struct Runtime {
   uint64_t switches = 0;
   int copy_mode = 0;  // cp.async completion: 0 random per copy, 1 at issue (early), 2 at the retiring wait (late)
   int block_order = 0;  // 0: blocks in x, y, z order; 1: a random permutation (hardware promises no order)
+  size_t smem_limit = 99 * 1024;  // a launch's dynamic shared memory at most (sm_86's opt-in limit by default)
 };
 
 inline Runtime& rt() {
@@ -97,6 +114,10 @@ inline void fiber_main() {
   r.body();
   Fiber* f = r.current;
   if (!f->open_copies.empty() || !f->groups.empty()) fail("a thread exited with cp.async copies in flight");
+  if (!r.wgmma.empty()) {
+    const WarpgroupQueue& q = r.wgmma[f->linear / 128];
+    if (!q.open.empty() || !q.groups.empty()) fail("a thread exited with wgmma products in flight");
+  }
   f->state = State::kDone;
   --r.alive;
   if (r.at_barrier > 0 && r.at_barrier == r.alive) fail("a thread exited while others wait at __syncthreads");
@@ -114,21 +135,21 @@ inline void syncthreads() {
   yield();
 }
 
-// A warp-wide operation: every lane deposits `in` / `out`; the last to arrive runs compute(lanes).
-template <typename F>
-inline void collective(int op, const void* in, void* out, F&& compute) {
-  Runtime& r = rt();
-  Fiber* f = r.current;
-  WarpSlot& w = r.warps[f->linear / 32];
+// A group-wide operation: every lane of the slot's group deposits `in` / `out`; the last to arrive runs
+// compute(lanes).
+template <int LANES, typename F>
+inline void group_collective(GroupSlot<LANES>& w, int op, const void* in, void* out, F&& compute) {
+  Fiber* f = rt().current;
   if (w.arrived == 0) {
     w.op = op;
   } else if (w.op != op) {
-    fail("divergent warp collective (lanes of one warp at different warp-wide instructions)");
+    fail(LANES == 32 ? "divergent warp collective (lanes of one warp at different warp-wide instructions)"
+                     : "divergent warpgroup collective (threads of one warpgroup at different wgmma instructions)");
   }
   f->in = in;
   f->out = out;
-  w.lanes[f->linear % 32] = f;
-  if (++w.arrived == 32) {
+  w.lanes[f->linear % LANES] = f;
+  if (++w.arrived == LANES) {
     compute(w.lanes);
     w.arrived = 0;
     for (Fiber* l : w.lanes) l->state = State::kReady;
@@ -136,6 +157,21 @@ inline void collective(int op, const void* in, void* out, F&& compute) {
     f->state = State::kWarp;
   }
   yield();
+}
+
+// A warp-wide operation (ldmatrix, mma, shuffles).
+template <typename F>
+inline void collective(int op, const void* in, void* out, F&& compute) {
+  group_collective(rt().warps[rt().current->linear / 32], op, in, out, std::forward<F>(compute));
+}
+
+// A warpgroup-wide operation (wgmma and its commits and waits): compute(lanes, the warpgroup's index).
+template <typename F>
+inline void warpgroup_collective(int op, const void* in, void* out, F&& compute) {
+  Runtime& r = rt();
+  if (r.warpgroups.empty()) fail("a warpgroup instruction in a block that is not a whole number of warpgroups");
+  const int wg = r.current->linear / 128;
+  group_collective(r.warpgroups[wg], op, in, out, [&](Fiber** lanes) { compute(lanes, wg); });
 }
 
 inline void run_block(size_t smem_bytes) {
@@ -146,6 +182,8 @@ inline void run_block(size_t smem_bytes) {
   r.alive = n;
   r.at_barrier = 0;
   for (auto& w : r.warps) w = WarpSlot{};
+  for (auto& w : r.warpgroups) w = WarpgroupSlot{};
+  for (auto& q : r.wgmma) q = WarpgroupQueue{};
   for (int i = 0; i < n; ++i) {
     Fiber& f = *r.fibers[i];
     f.state = State::kReady;
@@ -187,6 +225,8 @@ inline void launch(Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void(
     r.fibers.push_back(std::move(f));
   }
   r.warps.assign(n / 32, WarpSlot{});
+  r.warpgroups.assign(n % 128 == 0 ? n / 128 : 0, WarpgroupSlot{});
+  r.wgmma.assign(n / 128, WarpgroupQueue{});
   r.smem_store = std::make_unique<unsigned char[]>(smem_bytes + 32);
   r.smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(r.smem_store.get()) + 15) & ~uintptr_t{15});
   r.grid = grid;
