@@ -134,6 +134,19 @@ def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch
 
 @pytest.mark.cuda
 @needs_kernel
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("layout", ["none", "sparse", "each"])
+@pytest.mark.parametrize("window", [0, 16, 128, 300])
+def test_hopper_backward_matches_reference(window, layout, sink, monkeypatch):
+    """The sm_90a backward main kernel (TSCALE_ATTENTION_BWD_KERNEL=sm90) after the op's own forward."""
+    if not _hopper():
+        pytest.skip("the Hopper backward needs an sm_90 GPU")
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "sm90")
+    _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 2, device="cuda"), window=window, sink=sink)
+
+
+@pytest.mark.cuda
+@needs_kernel
 @needs_sm80
 def test_kernel_strided_inputs_and_int64_docs():
     """The model passes q, k, v as (B, T, H, D) views transposed to (B, H, T, D), and int64 document ids."""
@@ -270,6 +283,18 @@ def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatc
 EMU_HOPPER_CASES = [c for c in EMU_CASES if c[3] == 128] + [(2, 1, 300, 128, 100, "sparse", True)]
 
 
+def _emulated_case(emu, case, copy_mode):
+    """An EMU_*_CASES entry's inputs with the emulator seeded, in copy_mode, blocks in a random order:
+    (q, k, v, do, int32 document ids or None, the reference's keywords)."""
+    B, H, T, D, window, layout, sink = case
+    emu.set_seed(T + copy_mode)
+    emu.set_copy_mode(copy_mode)
+    emu.set_block_order(1)
+    q, k, v, do, docs = _case(B, H, T, D, layout, seed=T)
+    docs32 = docs.int() if docs is not None else None
+    return q, k, v, do, docs32, dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
+
+
 @pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2"])
 @pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and products complete at random times / early / late
 @pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -281,19 +306,26 @@ def test_emulated_hopper_forward_matches_reference(emu, case, copy_mode, fwd, mo
     _, bn, wgs = fwd.split("-")
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_WGS", wgs)
-    B, H, T, D, window, layout, sink = case
-    emu.set_seed(T + copy_mode)
-    emu.set_copy_mode(copy_mode)
-    emu.set_block_order(1)
-    q, k, v, do, docs = _case(B, H, T, D, layout, seed=T)
-    docs32 = docs.int() if docs is not None else None
-    kw = dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
-    out, lse = emu.fwd_sm90(q, k, v, docs32, window, sink, D ** -0.5)
-    _, lse_sm80 = emu.fwd(q, k, v, docs32, window, sink, D ** -0.5)
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
+    args = (docs32, kw["window"], kw["sink"], kw["scale"])
+    out, lse = emu.fwd_sm90(q, k, v, *args)
+    _, lse_sm80 = emu.fwd(q, k, v, *args)
     finite = torch.isfinite(lse_sm80)
     assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
-    grads = emu.bwd(do, q, k, v, out, lse, docs32, window, sink, D ** -0.5)
+    grads = emu.bwd(do, q, k, v, out, lse, *args)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), _reference(q, k, v, do, **kw)):
+        _assert_close(name, a, b)
+
+
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])
+@pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode):
+    """The sm_90a backward main kernel's source (wgmma: S^T, dP^T, dV, dK and dQ products) between the sm_80 delta and
+    dq kernels, emulated, fed the sm_80 forward's output and logsumexp: dq, dk, dv against the reference."""
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
+    out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
+    grads = emu.bwd_sm90(do, q, k, v, out, lse, docs32, kw["window"], kw["scale"])
+    for name, a, b in zip(("dq", "dk", "dv"), grads, _reference(q, k, v, do, **kw)[1:]):
         _assert_close(name, a, b)
 
 

@@ -75,6 +75,21 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
   for (int64_t i = t * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
 }
 
+// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse in
+// log2 units (+inf past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows'
+// document ids (INT_MIN past T). By all `nthreads` threads of the block.
+__device__ __forceinline__ void stage_query_rows(const float* lse_g, const float* delta_g, const int32_t* doc, int q0,
+                                                 int bm, int T, float* lse_s, float* delta_s, int32_t* qdocs_s,
+                                                 int tid, int nthreads) {
+  for (int r = tid; r < bm; r += nthreads) {
+    const int qi = q0 + r;
+    const bool ok = qi < T;
+    lse_s[r] = ok ? lse_g[qi] * kLog2e : INFINITY;
+    delta_s[r] = ok ? delta_g[qi] : 0.f;
+    if (doc != nullptr) qdocs_s[r] = ok ? doc[qi] : INT_MIN;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams p) {
   using L = BwdLayout<D>;
@@ -113,42 +128,15 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
-  const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
-  const DocRange kd = docs ? doc_range(dmin, dmax, k0, kTile, p.n_stat) : DocRange{0, 0};
-  auto query_range = [&](int i) { return docs ? doc_range(dmin, dmax, i * BM, BM, p.n_stat) : DocRange{0, 0}; };
-  auto tile_seen = [&](int i) { return !docs || overlaps(kd, query_range(i)); };
-
-  // Query tiles [first, last]: from the tile of query k0 (it meets our documents: its first
-  // positions are our keys) to the window's end, then back to the last tile whose documents meet ours.
-  const int first = k0 / BM;
-  int last = (window > 0 ? imin(T - 1, k0 + kTile - 1 + window - 1) : T - 1) / BM;
-  if (docs) {
-    int mine = first;
-    for (int i = last - tid; i > first; i -= kThreads) {
-      if (tile_seen(i)) {
-        mine = i;
-        break;  // this thread's later candidates are smaller
-      }
-    }
-    last = block_extreme(slot, true, mine, first, /*is_min=*/false);
-  }
-  auto next_tile = [&](int i) {  // the next query tile to visit after i, or -1
-    for (++i; i <= last; ++i)
-      if (tile_seen(i)) return i;
-    return -1;
-  };
+  const BackwardQueryTiles tiles = backward_query_tiles(p, b, k0, kTile, BM, tid, kThreads, slot);
+  const DocRange kd = tiles.kd;
+  const int first = tiles.first;
   auto fetch_queries = [&](int i, int parity) {
     const int q0 = i * BM;
     load_tile<BM, D>(q_s + parity * L::kQBytes, qg, p.sq.t, q0, T, tid);
     load_tile<BM, D>(do_s + parity * L::kQBytes, dog, p.sdo.t, q0, T, tid);
-    for (int r = tid; r < BM; r += kThreads) {
-      const int qi = q0 + r;
-      const bool ok = qi < T;
-      lse_s[parity * BM + r] = ok ? lse_g[qi] * kLog2e : INFINITY;  // rows past T: P = 0
-      delta_s[parity * BM + r] = ok ? delta_g[qi] : 0.f;
-      if (docs) qdocs_s[parity * BM + r] = ok ? doc[qi] : INT_MIN;
-    }
+    stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM, qdocs_s + parity * BM,
+                     tid, kThreads);
   };
 
   // Prologue: group 1 = K and V, group 2 = the first query tile.
@@ -172,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
   int i = first;
   for (int step = 0; i >= 0; ++step) {
     const int parity = step & 1;
-    const int ni = next_tile(i);
+    const int ni = tiles.next(i);
     // Buffer parity^1 was last read before the second barrier of the previous step: free.
     if (ni >= 0) fetch_queries(ni, parity ^ 1);
     cp_async_commit();
@@ -210,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
     // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp), element by element. Without a document boundary
     // in the tile pair (one_doc), the queries that see a key here are one interval of columns.
     const int q0 = i * BM;
-    const DocRange qd = query_range(i);
+    const DocRange qd = tiles.query_range(i);
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
     const bool one_doc = single_document(docs, qd, kd);
     int lo[2], hi[2];  // one_doc: key row key0 (r = 0) or key1 (r = 1) is seen by columns c = qc - 2 t4 in [lo, hi]
@@ -338,13 +326,22 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
   store_rows<D>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h, p.sg.t, row0, stage, imin(16, p.T - row0), lane);
 }
 
-// The op tscale::attention_bwd_cuda: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage (token_major).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
-    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-    const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& doc_ids, int64_t window,
-    bool sink, double scale) {
+// The backward's launch parameters with the tensors they point into (kept alive until the kernels are queued).
+struct BwdCall {
+  BwdParams p{};
+  at::Tensor dq, dk, dv, q, k, v, out, dout, lse, delta, dq_accum, docs;
+  DocStats stats;
+  int n_tiles = 0;           // 64-key tiles: the main kernel's blocks per (b, h)
+  int64_t delta_blocks = 0;  // 4 warps, one row each
+  int64_t dq_blocks = 0;     // 8 warps, one 16-row strip each
+};
+
+// Checks the op's arguments and allocates its outputs: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage
+// (token_major). Nothing is launched yet but the document ranges' kernel.
+inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                           const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
+                           const std::optional<at::Tensor>& doc_ids, int64_t window, double scale) {
   constexpr const char* op = "attention_bwd_cuda";
-  (void)sink;  // the forward's lse already holds the sink's share of every denominator
   check_qkv(q_in, k_in, v_in, op);
   TORCH_CHECK(dout_in.sizes() == q_in.sizes() && out_in.sizes() == q_in.sizes(), op,
               ": dout and out must have the shape of q ", q_in.sizes(), ", got ", dout_in.sizes(), " and ",
@@ -357,68 +354,94 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
                   lse_in.size(2) == q_in.size(2) && lse_in.scalar_type() == at::kFloat,
               op, ": lse must be float32 (B, H, T), got ", lse_in.scalar_type(), " ", lse_in.sizes());
   TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite");
-  const DeviceScope scope(q_in);
   const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
   const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
-  at::Tensor dq = token_major(B, H, T, D, q_in);
-  at::Tensor dk = token_major(B, H, T, D, q_in);
-  at::Tensor dv = token_major(B, H, T, D, q_in);
-  const at::Tensor docs = prepare_docs(doc_ids, q_in, op);
-  if (dq.numel() == 0) return {dq, dk, dv};
-  const at::Tensor q = kernel_layout(q_in), k = kernel_layout(k_in), v = kernel_layout(v_in);
-  const at::Tensor out = kernel_layout(out_in), dout = kernel_layout(dout_in);
-  const at::Tensor lse = lse_in.contiguous();
-  const int n_tiles = (T + kTile - 1) / kTile;
-  at::Tensor delta = at::empty({B, H, T}, lse.options());
-  at::Tensor dq_accum = at::empty({B, H, static_cast<int64_t>(n_tiles) * kTile, D}, lse.options());  // zeroed by the delta kernel
+  BwdCall c;
+  c.dq = token_major(B, H, T, D, q_in);
+  c.dk = token_major(B, H, T, D, q_in);
+  c.dv = token_major(B, H, T, D, q_in);
+  c.docs = prepare_docs(doc_ids, q_in, op);
+  if (c.dq.numel() == 0) return c;
+  c.q = kernel_layout(q_in), c.k = kernel_layout(k_in), c.v = kernel_layout(v_in);
+  c.out = kernel_layout(out_in), c.dout = kernel_layout(dout_in);
+  c.lse = lse_in.contiguous();
+  c.n_tiles = (T + kTile - 1) / kTile;
+  c.delta = at::empty({B, H, T}, c.lse.options());
+  c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());  // zeroed by delta
 
-  BwdParams p{};
-  p.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
-  p.k = reinterpret_cast<const uint16_t*>(k.data_ptr());
-  p.v = reinterpret_cast<const uint16_t*>(v.data_ptr());
-  p.o = reinterpret_cast<const uint16_t*>(out.data_ptr());
-  p.dout = reinterpret_cast<const uint16_t*>(dout.data_ptr());
-  p.sq = strides_of(q);
-  p.sk = strides_of(k);
-  p.sv = strides_of(v);
-  p.so = strides_of(out);
-  p.sdo = strides_of(dout);
-  p.lse = lse.data_ptr<float>();
-  p.delta = delta.data_ptr<float>();
-  p.dq_accum = dq_accum.data_ptr<float>();
-  p.dq = reinterpret_cast<uint16_t*>(dq.data_ptr());
-  p.dk = reinterpret_cast<uint16_t*>(dk.data_ptr());
-  p.dv = reinterpret_cast<uint16_t*>(dv.data_ptr());
-  p.sg = strides_of(dq);
+  BwdParams& p = c.p;
+  p.q = reinterpret_cast<const uint16_t*>(c.q.data_ptr());
+  p.k = reinterpret_cast<const uint16_t*>(c.k.data_ptr());
+  p.v = reinterpret_cast<const uint16_t*>(c.v.data_ptr());
+  p.o = reinterpret_cast<const uint16_t*>(c.out.data_ptr());
+  p.dout = reinterpret_cast<const uint16_t*>(c.dout.data_ptr());
+  p.sq = strides_of(c.q);
+  p.sk = strides_of(c.k);
+  p.sv = strides_of(c.v);
+  p.so = strides_of(c.out);
+  p.sdo = strides_of(c.dout);
+  p.lse = c.lse.data_ptr<float>();
+  p.delta = c.delta.data_ptr<float>();
+  p.dq_accum = c.dq_accum.data_ptr<float>();
+  p.dq = reinterpret_cast<uint16_t*>(c.dq.data_ptr());
+  p.dk = reinterpret_cast<uint16_t*>(c.dk.data_ptr());
+  p.dv = reinterpret_cast<uint16_t*>(c.dv.data_ptr());
+  p.sg = strides_of(c.dq);
   p.B = B, p.H = H, p.T = T, p.D = D;
-  p.T_pad = n_tiles * kTile;
+  p.T_pad = c.n_tiles * kTile;
   p.window = normalised_window(window, T);
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  DocStats stats;
-  if (docs.defined()) {
-    stats = doc_stats(docs, B, T, p.n_stat);
-    p.doc = docs.data_ptr<int32_t>();
-    p.doc_min = stats.dmin.data_ptr<int32_t>();
-    p.doc_max = stats.dmax.data_ptr<int32_t>();
+  if (c.docs.defined()) {
+    c.stats = doc_stats(c.docs, B, T, p.n_stat);
+    p.doc = c.docs.data_ptr<int32_t>();
+    p.doc_min = c.stats.dmin.data_ptr<int32_t>();
+    p.doc_max = c.stats.dmax.data_ptr<int32_t>();
   }
   const int64_t rows = static_cast<int64_t>(B) * H * T;
-  const int64_t delta_blocks = (rows + kWarps - 1) / kWarps;
-  TORCH_CHECK(delta_blocks <= INT_MAX, op, ": too many rows");
-  const dim3 grid(n_tiles, H, B);
-  const int64_t dq_blocks = (static_cast<int64_t>(B) * H * ((T + 15) / 16) + 7) / 8;  // 8 warps, one strip each
-  TORCH_CHECK(dq_blocks <= INT_MAX, op, ": too many rows");
-  if (D == 64) {
-    launch_kernel(attention_bwd_delta_kernel<64>, dim3(delta_blocks), dim3(kThreads), 0, p);
-    launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, p);
-    launch_kernel(attention_bwd_dq_kernel<64>, dim3(dq_blocks), dim3(256), DqLayout<64>::kBytes, p);
+  c.delta_blocks = (rows + kWarps - 1) / kWarps;
+  c.dq_blocks = (static_cast<int64_t>(B) * H * ((T + 15) / 16) + 7) / 8;
+  TORCH_CHECK(c.delta_blocks <= INT_MAX && c.dq_blocks <= INT_MAX, op, ": too many rows");
+  return c;
+}
+
+// The delta kernel (before a main kernel) and the dq kernel (after it).
+template <int D>
+inline void launch_bwd_delta(const BwdCall& c) {
+  launch_kernel(attention_bwd_delta_kernel<D>, dim3(static_cast<unsigned>(c.delta_blocks)), dim3(kThreads), 0, c.p);
+}
+
+template <int D>
+inline void launch_bwd_dq(const BwdCall& c) {
+  launch_kernel(attention_bwd_dq_kernel<D>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
+                c.p);
+}
+
+// The three kernels with the sm_80 main kernel (mma.sync), for either head dim.
+inline void launch_bwd_mma(const BwdCall& c) {
+  const dim3 grid(c.n_tiles, c.p.H, c.p.B);
+  if (c.p.D == 64) {
+    launch_bwd_delta<64>(c);
+    launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, c.p);
+    launch_bwd_dq<64>(c);
   } else {
-    launch_kernel(attention_bwd_delta_kernel<128>, dim3(delta_blocks), dim3(kThreads), 0, p);
-    launch_kernel(attention_bwd_kernel<128>, grid, dim3(kThreads), BwdLayout<128>::kBytes, p);
-    launch_kernel(attention_bwd_dq_kernel<128>, dim3(dq_blocks), dim3(256), DqLayout<128>::kBytes, p);
+    launch_bwd_delta<128>(c);
+    launch_kernel(attention_bwd_kernel<128>, grid, dim3(kThreads), BwdLayout<128>::kBytes, c.p);
+    launch_bwd_dq<128>(c);
   }
-  return {dq, dk, dv};
+}
+
+// The op tscale::attention_bwd_cuda through the sm_80 kernels (the CUDA build's entry, attention_bwd.cu, also
+// offers the Hopper main kernel). The sink needs nothing here: the forward's lse holds its share of every
+// denominator.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& doc_ids, int64_t window, bool /*sink*/, double scale) {
+  const DeviceScope scope(q);
+  BwdCall c = prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale);
+  if (c.dq.numel() != 0) launch_bwd_mma(c);
+  return {c.dq, c.dk, c.dv};
 }
 
 }  // namespace

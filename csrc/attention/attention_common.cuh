@@ -267,6 +267,53 @@ __device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const FwdParams& p,
   return w;
 }
 
+// The query tiles (of `bm` queries) that the key tile [k0, k0 + bk) of batch row b visits in the backward: from the
+// tile of query k0 (its first positions are these keys, so its documents meet theirs) to the window's end, then
+// back to the last tile whose document-id range meets the key tile's; between, those whose range meets it.
+struct BackwardQueryTiles {
+  bool docs;
+  const int32_t* dmin;  // per-32-position document-id ranges of batch row b (when docs)
+  const int32_t* dmax;
+  int n_stat, bm, first, last;
+  DocRange kd;  // the key tile's document ids
+
+  __device__ __forceinline__ DocRange query_range(int i) const {
+    return docs ? doc_range(dmin, dmax, i * bm, bm, n_stat) : DocRange{0, 0};
+  }
+  __device__ __forceinline__ bool seen(int i) const { return !docs || overlaps(kd, query_range(i)); }
+  // The next query tile to visit after i, or -1.
+  __device__ __forceinline__ int next(int i) const {
+    for (++i; i <= last; ++i)
+      if (seen(i)) return i;
+    return -1;
+  }
+};
+
+// Every one of the block's `nthreads` threads must call it (the last tile is found by all at once: block_extreme).
+__device__ __forceinline__ BackwardQueryTiles backward_query_tiles(const BwdParams& p, int b, int k0, int bk, int bm,
+                                                                   int tid, int nthreads, int* slot) {
+  BackwardQueryTiles w;
+  w.docs = p.doc != nullptr;
+  w.dmin = w.docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  w.dmax = w.docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  w.n_stat = p.n_stat;
+  w.bm = bm;
+  w.kd = w.docs ? doc_range(w.dmin, w.dmax, k0, bk, p.n_stat) : DocRange{0, 0};
+  w.first = k0 / bm;
+  w.last = (p.window > 0 ? imin(p.T - 1, k0 + bk - 1 + p.window - 1) : p.T - 1) / bm;
+  if (w.docs) {
+    int mine = w.first;
+    for (int i = w.last - tid; i > w.first; i -= nthreads) {
+      if (w.seen(i)) {
+        mine = i;
+        break;  // this thread's later candidates are smaller
+      }
+    }
+    w.last = block_extreme(slot, true, mine, w.first, /*is_min=*/false);
+  }
+  return w;
+}
+
 // Per-32-position document-id ranges: dmin/dmax (B, n_stat) from doc (B, T). One warp per range:
 // lane j reads position 32 s + j (a warp's loads are one 128-byte line), then a butterfly of
 // shuffles leaves the range's min and max in every lane.

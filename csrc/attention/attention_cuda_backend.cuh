@@ -101,6 +101,20 @@ inline void check_device(const at::Tensor& t, const char* op, const char* name) 
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor");
 }
 
+// Whether the Hopper kernels can serve a call on q's GPU at head dim D: an sm_90 GPU, head dim 128, and a build
+// with sm_90a code (TSCALE_WITH_SM90A, setup.py).
+inline bool hopper_kernels_serve(const at::Tensor& q, int D) {
+#ifdef TSCALE_WITH_SM90A
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
+  return major == 9 && minor == 0 && D == 128;
+#else
+  (void)q, (void)D;
+  return false;
+#endif
+}
+
 struct DeviceScope {
   explicit DeviceScope(const at::Tensor& t) : guard(t.device()) {}
   c10::cuda::CUDAGuard guard;

@@ -21,14 +21,7 @@ inline bool sm90_forward_serves(const FwdParams& p, const at::Tensor& q) {
   TORCH_CHECK(env == nullptr || forced || std::strcmp(env, "auto") == 0 || std::strcmp(env, "mma") == 0,
               "TSCALE_ATTENTION_FWD_KERNEL must be auto, sm90 or mma, got '", env, "'");
   if (env != nullptr && std::strcmp(env, "mma") == 0) return false;
-#ifdef TSCALE_WITH_SM90A
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
-  const bool can = major == 9 && minor == 0 && p.D == 128;
-#else
-  const bool can = false;  // this build has no sm_90a code
-#endif
+  const bool can = hopper_kernels_serve(q, p.D);
   TORCH_CHECK(can || !forced, "TSCALE_ATTENTION_FWD_KERNEL=sm90: the Hopper forward needs head dim 128, an sm_90 ",
               "GPU and a build for sm_90a (TORCH_CUDA_ARCH_LIST with 9.0); got head dim ", p.D);
   return can && (forced || p.window == 0);

@@ -39,19 +39,6 @@ struct Sm90FwdLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
-// Rows [row0, row0 + ROWS) of a (T, 128) bf16 matrix (row stride `stride` elements) into the swizzled tile at
-// `tile`, 16-byte cp.async by all NTHREADS threads; rows at or past T are zero-filled.
-template <int ROWS, int NTHREADS>
-__device__ __forceinline__ void load_tile_sw128(uint32_t tile, const uint16_t* g, int64_t stride, int row0, int T,
-                                                int tid) {
-  for (int i = tid; i < ROWS * 16; i += NTHREADS) {
-    const int r = i >> 4, c = i & 15;
-    const bool ok = row0 + r < T;
-    const uint16_t* src = g + (ok ? static_cast<int64_t>(row0 + r) * stride : 0) + c * 8;
-    cp_async_16(tile + sw128_offset(r, c, ROWS), src, ok ? 16 : 0);
-  }
-}
-
 // O (64 x 128) += P V for one tile: P as BN / 16 bf16 A operands, V the swizzled tile at v_s. Issued, not waited.
 template <int BN>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[BN / 16][4], uint32_t v_s) {

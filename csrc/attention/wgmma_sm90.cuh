@@ -13,6 +13,8 @@
 //     groups 1024 bytes apart (stride byte offset);
 //   * an MN-major operand (V for O = P V, read transposed): descriptor at 2048 ks for k-step ks (16 rows),
 //     8-row groups 1024 bytes apart, the second half of the head dims `half_bytes` further (leading byte offset).
+// A (64 x 64) tile of one half, [64 rows][128 bytes], read transposed (dS^T for dQ = dS K) is the same MN-major
+// operand with a single 64-wide atom.
 // Accumulator layout of m64nNk16 (per warp w of the warpgroup, lane = 4 g + t4): d[4 j + e] holds row
 // 16 w + g + 8 (e >> 1), column 8 j + 2 t4 + (e & 1), as mma.sync m16n8's C fragment tiled along N.
 // A register operand (16 x 16 per warp) has mma.sync m16n8k16's A layout, so accumulator n8-blocks 2s and
@@ -20,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "attention_common.cuh"
 
 #if defined(TSCALE_ATTENTION_EMULATE) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define TSCALE_SM90A_DEVICE 1
@@ -32,6 +36,19 @@ namespace {
 // `rows` rows.
 __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk, int rows) {
   return static_cast<uint32_t>((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Rows [row0, row0 + ROWS) of a (T, 128) bf16 matrix (row stride `stride` elements) into the swizzled tile at
+// `tile`, 16-byte cp.async by all NTHREADS threads; rows at or past T are zero-filled.
+template <int ROWS, int NTHREADS>
+__device__ __forceinline__ void load_tile_sw128(uint32_t tile, const uint16_t* g, int64_t stride, int row0, int T,
+                                                int tid) {
+  for (int i = tid; i < ROWS * 16; i += NTHREADS) {
+    const int r = i >> 4, c = i & 15;
+    const bool ok = row0 + r < T;
+    const uint16_t* src = g + (ok ? static_cast<int64_t>(row0 + r) * stride : 0) + c * 8;
+    cp_async_16(tile + sw128_offset(r, c, ROWS), src, ok ? 16 : 0);
+  }
 }
 
 // The 64-bit shared-memory matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
@@ -134,6 +151,18 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t 
       ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : TSCALE_F32(0), TSCALE_F32(32)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+#endif
+}
+
+// d (64 x 64 fp32) = A B (+ d when accumulate): A (64 x 16) and B (16 x 64) bf16 in shared memory, both MN-major
+// (read transposed: A stored [k][m], B stored [k][n]).
+__device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+#ifdef TSCALE_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TSCALE_WGMMA_D32 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : TSCALE_F32(0)
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 #endif
 }
 

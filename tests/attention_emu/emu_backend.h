@@ -15,7 +15,8 @@
 //     its warp i holding rows 16 i..16 i + 15 in mma.sync's fragment layouts): operands in shared memory are read
 //     through their 64-bit descriptors, 128-byte swizzle only (bits 4-6 of a byte address XORed with bits 7-9);
 //     K-major: element (row, k) at start + (row / 8) SBO + (row % 8) 128 + 2 k; MN-major (B transposed): element
-//     (k, n) at start + (n / 64) LBO + (k / 8) SBO + (k % 8) 128 + 2 (n % 64). A product runs at issue or at the
+//     (k, n) at start + (n / 64) LBO + (k / 8) SBO + (k % 8) 128 + 2 (n % 64), an MN-major A (m, k) likewise
+//     with m for n. A product runs at issue or at the
 //     wait that retires its group (copy_mode, as cp.async; in issue order), reading its registers and shared
 //     memory then: a kernel that touches them in between sees the difference.
 // Shared addresses are byte offsets into the block's shared memory.
@@ -287,11 +288,11 @@ struct WgmmaOperands {
   int accumulate;
 };
 
-// D (64 x N) = A (64 x 16) B (16 x N) (+ D), queued on the warpgroup; A from shared memory (K-major) or registers,
-// B from shared memory, K-major or (b_mn_major) MN-major.
+// D (64 x N) = A (64 x 16) B (16 x N) (+ D), queued on the warpgroup; A from shared memory, K-major or
+// (a_mn_major) MN-major, or from registers; B from shared memory, K-major or (b_mn_major) MN-major.
 template <int N>
-inline void wgmma_issue(const WgmmaOperands& ops, bool b_mn_major) {
-  emu::warpgroup_collective(7, &ops, nullptr, [b_mn_major](emu::Fiber** lanes, int wg) {
+inline void wgmma_issue(const WgmmaOperands& ops, bool a_mn_major, bool b_mn_major) {
+  emu::warpgroup_collective(7, &ops, nullptr, [a_mn_major, b_mn_major](emu::Fiber** lanes, int wg) {
     // The operands by value (the structs live in the issuing frames); the fragments they point to are the
     // kernel's, which it must leave alone until the wait.
     std::vector<WgmmaOperands> each(128);
@@ -301,7 +302,7 @@ inline void wgmma_issue(const WgmmaOperands& ops, bool b_mn_major) {
           each[L].accumulate != each[0].accumulate || (each[L].a == nullptr) != (each[0].a == nullptr))
         emu::fail("wgmma: threads of one warpgroup issued different operands");
     }
-    auto run = [each, b_mn_major] {
+    auto run = [each, a_mn_major, b_mn_major] {
       const WgmmaOperands& o = each[0];
       float A[64][16], B[16][N];
       auto lo = [](uint32_t x) { return bf16_to_float(static_cast<uint16_t>(x & 0xFFFFu)); };
@@ -309,7 +310,7 @@ inline void wgmma_issue(const WgmmaOperands& ops, bool b_mn_major) {
       if (o.a == nullptr) {
         const WgmmaDesc ad = decode_desc(o.a_desc);
         for (int m = 0; m < 64; ++m)
-          for (int k = 0; k < 16; ++k) A[m][k] = k_major(ad, m, k);
+          for (int k = 0; k < 16; ++k) A[m][k] = a_mn_major ? mn_major(ad, k, m) : k_major(ad, m, k);
       } else {
         for (int L = 0; L < 128; ++L) {
           const uint32_t* a = each[L].a;
@@ -353,11 +354,15 @@ inline void wgmma_issue(const WgmmaOperands& ops, bool b_mn_major) {
 
 template <int N>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  wgmma_issue<N>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, false);
+  wgmma_issue<N>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, false, false);
 }
 
 inline void wgmma_rs_n128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc) {
-  wgmma_issue<128>(WgmmaOperands{d, a, 0, b_desc, 1}, true);
+  wgmma_issue<128>(WgmmaOperands{d, a, 0, b_desc, 1}, false, true);
+}
+
+inline void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  wgmma_issue<64>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, true, true);
 }
 
 inline void wgmma_commit() {

@@ -1,0 +1,227 @@
+// The attention backward's main kernel for Hopper (sm_90a): warpgroup products (wgmma) for head dim 128.
+//
+// It takes the place of attention_bwd.cuh's main kernel between the same delta and dq kernels, and adds into the
+// same fragment-ordered dq_accum. One warpgroup (128 threads) per (64-key tile, head, batch row); warp w owns key
+// rows 16 w..16 w + 15. K and V stay in shared memory; the block walks the 64-query tiles that see its keys
+// (BackwardQueryTiles), the next one (Q, dO, lse, Delta, document ids) fetched while the current one is computed:
+//   S^T = K Q^T, dP^T = V dO^T           wgmma m64n64k16, all operands K-major in shared memory
+//   P^T = exp2(S^T scale log2 e - lse log2 e) (masked), dS^T = P^T (dP^T - Delta)      (registers)
+//   dV += P^T dO, dK += dS^T Q           wgmma m64n128k16, P^T and dS^T as bf16 register operands, dO and Q
+//                                        read transposed
+//   dQ(tile) += dS K                     dS^T through shared memory, read transposed with K's halves
+//                                        (m64n64k16 twice), then fp32 atomics into dq_accum
+// Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
+#pragma once
+
+#include "attention_bwd.cuh"
+#include "wgmma_sm90.cuh"
+
+namespace tscale::attn {
+namespace {
+
+struct Sm90BwdLayout {
+  static constexpr uint32_t kTileBytes = 64 * 256;  // a (64, 128) bf16 tile: two halves of 64 x 128 bytes
+  static constexpr uint32_t kHalf = 64 * 128;      // one half (64 head dims)
+  static constexpr uint32_t kK = 0, kV = kK + kTileBytes;
+  static constexpr uint32_t kQ = kV + kTileBytes;       // [2] tiles, by step parity
+  static constexpr uint32_t kDO = kQ + 2 * kTileBytes;  // [2] tiles
+  static constexpr uint32_t kDS = kDO + 2 * kTileBytes;  // dS^T: [64 keys][64 queries], one swizzled half
+  static constexpr uint32_t kLse = kDS + kHalf;     // float [2][64]: lse * log2 e
+  static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
+  static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
+  static constexpr uint32_t kSlot = kQDocs + 2 * 64 * 4;
+  static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
+};
+
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(const BwdParams p) {
+#ifdef TSCALE_SM90A_DEVICE
+  using L = Sm90BwdLayout;
+  constexpr int BM = 64;  // queries per step
+  TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t k_s = base + L::kK, v_s = base + L::kV, ds_s = base + L::kDS;
+  float* lse_s = reinterpret_cast<float*>(smem + L::kLse);
+  float* delta_s = reinterpret_cast<float*>(smem + L::kDelta);
+  int32_t* qdocs_s = reinterpret_cast<int32_t*>(smem + L::kQDocs);
+  int* slot = reinterpret_cast<int*>(smem + L::kSlot);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int T = p.T, window = p.window;
+  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int k0 = kt * kTile;
+  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
+  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
+  const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const uint16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const float* lse_g = p.lse + bh * T;
+  const float* delta_g = p.delta + bh * T;
+
+  const bool docs = p.doc != nullptr;
+  const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
+  const BackwardQueryTiles tiles = backward_query_tiles(p, b, k0, kTile, BM, tid, 128, slot);
+  const DocRange kd = tiles.kd;
+  auto q_buf = [&](int parity) { return base + L::kQ + parity * L::kTileBytes; };
+  auto do_buf = [&](int parity) { return base + L::kDO + parity * L::kTileBytes; };
+  auto fetch_queries = [&](int i, int parity) {
+    const int q0 = i * BM;
+    load_tile_sw128<BM, 128>(q_buf(parity), qg, p.sq.t, q0, T, tid);
+    load_tile_sw128<BM, 128>(do_buf(parity), dog, p.sdo.t, q0, T, tid);
+    stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM, qdocs_s + parity * BM,
+                     tid, 128);
+  };
+
+  // Groups of cp.async: K and V, then the first query tile; then each step's next tile.
+  load_tile_sw128<kTile, 128>(k_s, kg, p.sk.t, k0, T, tid);
+  load_tile_sw128<kTile, 128>(v_s, vg, p.sv.t, k0, T, tid);
+  cp_async_commit();
+  fetch_queries(tiles.first, 0);
+  cp_async_commit();
+
+  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;  // this thread's two key rows
+  const int kdoc0 = docs && key0 < T ? doc[key0] : -1;
+  const int kdoc1 = docs && key1 < T ? doc[key1] : -1;
+  float dk[64], dv[64];  // 64 keys x 128 head dims per warpgroup
+#pragma unroll
+  for (int j = 0; j < 64; ++j) dk[j] = dv[j] = 0.f;
+  float* dqa = p.dq_accum + bh * p.T_pad * 128;
+
+  int i = tiles.first;
+  for (int step = 0; i >= 0; ++step) {
+    const int parity = step & 1;
+    const int ni = tiles.next(i);
+    // Buffer parity ^ 1 was last read by the previous step's products, all waited for: free.
+    if (ni >= 0) fetch_queries(ni, parity ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // all but the newest group (the next tile) landed: K, V and tile i
+    fence_proxy_async();
+    __syncthreads();
+    const uint32_t qt_s = q_buf(parity), dot_s = do_buf(parity);
+    const float* lse_t = lse_s + parity * BM;
+    const float* delta_t = delta_s + parity * BM;
+    const int32_t* qdocs_t = qdocs_s + parity * BM;
+
+    float s[32], dp[32];  // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
+      wgmma_ss<64>(s, sw128_desc(k_s + at, 16, 1024), sw128_desc(qt_s + at, 16, 1024), kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
+      wgmma_ss<64>(dp, sw128_desc(v_s + at, 16, 1024), sw128_desc(dot_s + at, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s);
+    fence_registers(dp);
+
+    // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp); s[4 j + e]: key row key0 + 8 (e >> 1), query column
+    // qc = 8 j + 2 t4 + (e & 1). Without a document boundary in the tile pair (one_doc), the queries that see a key
+    // are one interval of columns.
+    const int q0 = i * BM;
+    const DocRange qd = tiles.query_range(i);
+    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
+    const bool one_doc = single_document(docs, qd, kd);
+    int lo[2], hi[2];  // one_doc: key row key0 (r = 0) or key1 (r = 1) is seen by columns c = qc - 2 t4 in [lo, hi]
+    key_query_interval(key0, q0 + t4 * 2, T, window, lo[0], hi[0]);
+    key_query_interval(key1, q0 + t4 * 2, T, window, lo[1], hi[1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = j * 8 + (e & 1), qc = t4 * 2 + c;
+        float pv = exp2f(s[4 * j + e] * p.scale_log2 - lse_t[qc]);
+        if (!full) {
+          const int r = e >> 1;
+          const bool ok = one_doc ? c >= lo[r] && c <= hi[r]
+                                  : visible(q0 + qc, r ? key1 : key0, T, window, docs, qdocs_t[qc], r ? kdoc1 : kdoc0);
+          if (!ok) pv = 0.f;
+        }
+        s[4 * j + e] = pv;
+        dp[4 * j + e] = pv * (dp[4 * j + e] - delta_t[qc]);
+      }
+    }
+    // dS^T as bf16 into its swizzled tile (key row kr, query columns 8 j..8 j + 7 in chunk j), for dQ.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int kr = warp * 16 + g + 8 * r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4, pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
+    }
+    uint32_t pa[4][4], da[4][4];  // P^T and dS^T as bf16 A operands, one per k-step of 16 queries
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      acc_to_a(pa[ks], *reinterpret_cast<const float(*)[4]>(&s[8 * ks]), *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]));
+      acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+    }
+    fence_proxy_async();
+    __syncthreads();  // dS^T complete for every warp's products
+
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+    wgmma_commit();
+
+    // dQ(tile) += dS K, one half of the head dims at a time; warp w holds query rows q0 + 16 w.. of it.
+    // Fragment-order dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
+    float* blk = dqa + static_cast<int64_t>(q0 / 16 + warp) * 16 * 128;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss_n64_tt(dq, sw128_desc(ds_s + ks * 2048, L::kHalf, 1024),
+                        sw128_desc(k_s + half * L::kHalf + ks * 2048, L::kHalf, 1024), ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // (the first also retires the dV and dK products)
+      fence_registers(dq);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
+      }
+    }
+    fence_registers(dv);
+    fence_registers(dk);
+    fence_registers(pa);
+    fence_registers(da);
+    i = ni;
+  }
+  cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
+
+  uint16_t* dkg = p.dk + b * p.sg.b + h * p.sg.h;  // (T, D) rows of this (b, h), p.sg.t apart
+  uint16_t* dvg = p.dv + b * p.sg.b + h * p.sg.h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key0 : key1;
+    if (key >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int64_t at = static_cast<int64_t>(key) * p.sg.t + j * 8 + t4 * 2;
+      *reinterpret_cast<uint32_t*>(dkg + at) = pack_bf16(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvg + at) = pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+#endif
+}
+
+// The three kernels with this main kernel (head dim 128): delta, main, dq.
+inline void launch_bwd_sm90(const BwdCall& c) {
+  TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
+  launch_bwd_delta<128>(c);
+  launch_kernel(attention_bwd_sm90_kernel<2>, dim3(c.n_tiles, c.p.H, c.p.B), dim3(128), Sm90BwdLayout::kBytes, c.p);
+  launch_bwd_dq<128>(c);
+}
+
+}  // namespace
+}  // namespace tscale::attn
