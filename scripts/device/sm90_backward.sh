@@ -4,7 +4,8 @@
 #
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-{sm90,mma}.{json,log}, each step as it ends.
+# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-{sm90,mma}.{json,log}, each step as it ends; SEQ
+# overrides the lengths profiled (default "1024 4096").
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
@@ -14,7 +15,7 @@ TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tes
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
 for kernel in sm90 mma; do
-  TSCALE_ATTENTION_BWD_KERNEL=$kernel timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 \
+  TSCALE_ATTENTION_BWD_KERNEL=$kernel timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
     --out "$OUT/profile-bwd-$kernel.json" > "$OUT/profile-bwd-$kernel.log" 2>&1
   echo "profile $kernel: exit $?"
   grep -E "^T|bwd" "$OUT/profile-bwd-$kernel.log"
