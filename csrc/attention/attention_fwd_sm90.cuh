@@ -27,13 +27,13 @@ namespace {
 template <int BN, int WGS>
 struct Sm90FwdLayout {
   static constexpr int kThreads = 128 * WGS;
-  static constexpr int kBM = 64 * WGS;           // queries per block
-  static constexpr uint32_t kHalfQ = kBM * 128;  // bytes of one half (64 head dims) of the Q tile
-  static constexpr uint32_t kHalfKV = BN * 128;      // of a K or V tile
+  static constexpr int kBM = 64 * WGS;                    // queries per block
+  static constexpr uint32_t kHalfQ = kBM * 128;           // bytes of one half (64 head dims) of the Q tile
+  static constexpr uint32_t kHalfKV = BN * 128;           // of a K or V tile
   static constexpr uint32_t kTileKV = 2 * kHalfKV;
   static constexpr uint32_t kQ = 0;
-  static constexpr uint32_t kK = kQ + 2 * kHalfQ;        // buffer s at kK + s kTileKV
-  static constexpr uint32_t kV = kK + 2 * kTileKV;       // buffer s at kV + s kTileKV
+  static constexpr uint32_t kK = kQ + 2 * kHalfQ;         // buffer s at kK + s kTileKV
+  static constexpr uint32_t kV = kK + 2 * kTileKV;        // buffer s at kV + s kTileKV
   static constexpr uint32_t kKeyDocs = kV + 2 * kTileKV;  // int32 [2][BN], by K buffer
   static constexpr uint32_t kSlot = kKeyDocs + 2 * BN * 4;
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes

@@ -1,10 +1,10 @@
 // Hopper warpgroup primitives for the sm_90a attention kernels: wgmma products, their fences, and the shared-memory
-// tile layout they read.
+// tile layout they read (with its loader).
 //
 // The products compile to code only for sm_90a (TSCALE_SM90A_DEVICE); other targets see empty bodies, and the
-// host never launches a kernel built from them there (attention_fwd.cu checks the device and the build). The CPU
-// emulator of the tests (tests/attention_emu) defines its own products, fences and waits, and runs the kernels'
-// bodies.
+// host never launches a kernel built from them there (attention_fwd.cu and attention_bwd.cu check the device and
+// the build). The CPU emulator of the tests (tests/attention_emu) defines its own products, fences and waits, and
+// runs the kernels' bodies.
 //
 // Tile layout ("128-byte swizzled rows", what wgmma calls SWIZZLE_128B): a (rows, 128) bf16 tile is stored as
 // two halves of 64 head dims, each half [rows][128 bytes]; within a half, the 16-byte chunk c of row r sits at
