@@ -5,7 +5,8 @@
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
 # Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-{sm90,mma}.{json,log}, each step as it ends; SEQ
-# overrides the lengths profiled (default "1024 4096").
+# overrides the lengths profiled (default "1024 4096"). With HEADLINE=1, then attention_kernel.py with each backward
+# (the op's own forward choice): OUT_DIR/headline-{mma,sm90}/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
@@ -20,4 +21,12 @@ for kernel in sm90 mma; do
   echo "profile $kernel: exit $?"
   grep -E "^T|bwd" "$OUT/profile-bwd-$kernel.log"
 done
+if [ "${HEADLINE:-0}" = 1 ]; then
+  for kernel in mma sm90; do
+    mkdir -p "$OUT/headline-$kernel"
+    TSCALE_ATTENTION_BWD_KERNEL=$kernel timeout "$(left)" python3 scripts/bench/attention_kernel.py \
+      --out-dir "$OUT/headline-$kernel" > "$OUT/headline-$kernel/attention_kernel.log" 2>&1
+    echo "attention_kernel with the $kernel backward: exit $?"; tail -3 "$OUT/headline-$kernel/attention_kernel.log"
+  done
+fi
 true
