@@ -75,21 +75,6 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
   for (int64_t i = t * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
 }
 
-// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse in
-// log2 units (+inf past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows'
-// document ids (INT_MIN past T). By all `nthreads` threads of the block.
-__device__ __forceinline__ void stage_query_rows(const float* lse_g, const float* delta_g, const int32_t* doc, int q0,
-                                                 int bm, int T, float* lse_s, float* delta_s, int32_t* qdocs_s,
-                                                 int tid, int nthreads) {
-  for (int r = tid; r < bm; r += nthreads) {
-    const int qi = q0 + r;
-    const bool ok = qi < T;
-    lse_s[r] = ok ? lse_g[qi] * kLog2e : INFINITY;
-    delta_s[r] = ok ? delta_g[qi] : 0.f;
-    if (doc != nullptr) qdocs_s[r] = ok ? doc[qi] : INT_MIN;
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams p) {
   using L = BwdLayout<D>;
@@ -128,15 +113,42 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
-  const BackwardQueryTiles tiles = backward_query_tiles(p, b, k0, kTile, BM, tid, kThreads, slot);
-  const DocRange kd = tiles.kd;
-  const int first = tiles.first;
+  const int32_t* dmin = docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  const int32_t* dmax = docs ? p.doc_max + static_cast<int64_t>(b) * p.n_stat : nullptr;
+  const DocRange kd = docs ? doc_range(dmin, dmax, k0, kTile, p.n_stat) : DocRange{0, 0};
+  auto query_range = [&](int i) { return docs ? doc_range(dmin, dmax, i * BM, BM, p.n_stat) : DocRange{0, 0}; };
+  auto tile_seen = [&](int i) { return !docs || overlaps(kd, query_range(i)); };
+
+  // Query tiles [first, last]: from the tile of query k0 (it meets our documents: its first
+  // positions are our keys) to the window's end, then back to the last tile whose documents meet ours.
+  const int first = k0 / BM;
+  int last = (window > 0 ? imin(T - 1, k0 + kTile - 1 + window - 1) : T - 1) / BM;
+  if (docs) {
+    int mine = first;
+    for (int i = last - tid; i > first; i -= kThreads) {
+      if (tile_seen(i)) {
+        mine = i;
+        break;  // this thread's later candidates are smaller
+      }
+    }
+    last = block_extreme(slot, true, mine, first, /*is_min=*/false);
+  }
+  auto next_tile = [&](int i) {  // the next query tile to visit after i, or -1
+    for (++i; i <= last; ++i)
+      if (tile_seen(i)) return i;
+    return -1;
+  };
   auto fetch_queries = [&](int i, int parity) {
     const int q0 = i * BM;
     load_tile<BM, D>(q_s + parity * L::kQBytes, qg, p.sq.t, q0, T, tid);
     load_tile<BM, D>(do_s + parity * L::kQBytes, dog, p.sdo.t, q0, T, tid);
-    stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM, qdocs_s + parity * BM,
-                     tid, kThreads);
+    for (int r = tid; r < BM; r += kThreads) {
+      const int qi = q0 + r;
+      const bool ok = qi < T;
+      lse_s[parity * BM + r] = ok ? lse_g[qi] * kLog2e : INFINITY;  // rows past T: P = 0
+      delta_s[parity * BM + r] = ok ? delta_g[qi] : 0.f;
+      if (docs) qdocs_s[parity * BM + r] = ok ? doc[qi] : INT_MIN;
+    }
   };
 
   // Prologue: group 1 = K and V, group 2 = the first query tile.
@@ -160,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
   int i = first;
   for (int step = 0; i >= 0; ++step) {
     const int parity = step & 1;
-    const int ni = tiles.next(i);
+    const int ni = next_tile(i);
     // Buffer parity^1 was last read before the second barrier of the previous step: free.
     if (ni >= 0) fetch_queries(ni, parity ^ 1);
     cp_async_commit();
@@ -198,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
     // P^T (into s) and dS^T = P^T (dP^T - Delta) (into dp), element by element. Without a document boundary
     // in the tile pair (one_doc), the queries that see a key here are one interval of columns.
     const int q0 = i * BM;
-    const DocRange qd = tiles.query_range(i);
+    const DocRange qd = query_range(i);
     const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
     const bool one_doc = single_document(docs, qd, kd);
     int lo[2], hi[2];  // one_doc: key row key0 (r = 0) or key1 (r = 1) is seen by columns c = qc - 2 t4 in [lo, hi]

@@ -33,6 +33,21 @@ struct Sm90BwdLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
+// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse in
+// log2 units (+inf past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows'
+// document ids (INT_MIN past T). By all `nthreads` threads of the block.
+__device__ __forceinline__ void stage_query_rows(const float* lse_g, const float* delta_g, const int32_t* doc, int q0,
+                                                 int bm, int T, float* lse_s, float* delta_s, int32_t* qdocs_s,
+                                                 int tid, int nthreads) {
+  for (int r = tid; r < bm; r += nthreads) {
+    const int qi = q0 + r;
+    const bool ok = qi < T;
+    lse_s[r] = ok ? lse_g[qi] * kLog2e : INFINITY;
+    delta_s[r] = ok ? delta_g[qi] : 0.f;
+    if (doc != nullptr) qdocs_s[r] = ok ? doc[qi] : INT_MIN;
+  }
+}
+
 template <int MIN_BLOCKS>
 __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(const BwdParams p) {
 #ifdef TSCALE_SM90A_DEVICE
