@@ -1,10 +1,7 @@
 // CUDA registration of tscale::attention_bwd_cuda: the sm_80 kernels (attention_bwd.cuh, which the CPU emulator of
-// the tests also builds), or on request the Hopper main kernel between the same delta and dq kernels
+// the tests also builds), or on Hopper GPUs the sm_90a main kernel between the same delta and dq kernels
 // (attention_bwd_sm90.cuh).
 #include <torch/library.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "attention_cuda_backend.cuh"
 #include "attention_bwd.cuh"
@@ -13,17 +10,10 @@
 namespace tscale::attn {
 namespace {
 
-// TSCALE_ATTENTION_BWD_KERNEL = mma (default: the sm_80 main kernel) | sm90 (the Hopper one: head dim 128 on an
-// sm_90 GPU, built for sm_90a; an error elsewhere). The Hopper backward is not the default until it has been timed
-// against the sm_80 one.
-bool sm90_backward_requested(const BwdParams& p, const at::Tensor& q) {
-  const char* env = std::getenv("TSCALE_ATTENTION_BWD_KERNEL");
-  if (env == nullptr || std::strcmp(env, "mma") == 0) return false;
-  TORCH_CHECK(std::strcmp(env, "sm90") == 0, "TSCALE_ATTENTION_BWD_KERNEL must be mma or sm90, got '", env, "'");
-  const bool can = hopper_kernels_serve(q, p.D);
-  TORCH_CHECK(can, "TSCALE_ATTENTION_BWD_KERNEL=sm90: the Hopper backward needs head dim 128, an sm_90 GPU and a ",
-              "build for sm_90a (TORCH_CUDA_ARCH_LIST with 9.0); got head dim ", p.D);
-  return true;
+// Which main kernel serves a call: TSCALE_ATTENTION_BWD_KERNEL = auto (default: the Hopper one wherever it can run,
+// measured faster than the sm_80 one on every mask; docs/BENCHMARKS.md "The Hopper backward") | sm90 | mma.
+bool sm90_backward_serves(const BwdParams& p, const at::Tensor& q) {
+  return hopper_kernel_chosen("TSCALE_ATTENTION_BWD_KERNEL", "backward", q, p.D, /*auto_prefers=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_entry(
@@ -32,7 +22,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_entry(
   const DeviceScope scope(q);
   BwdCall c = prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale);
   if (c.dq.numel() == 0) return {c.dq, c.dk, c.dv};
-  if (sm90_backward_requested(c.p, q))
+  if (sm90_backward_serves(c.p, q))
     launch_bwd_sm90(c);
   else
     launch_bwd_mma(c);

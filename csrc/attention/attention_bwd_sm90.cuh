@@ -1,16 +1,19 @@
 // The attention backward's main kernel for Hopper (sm_90a): warpgroup products (wgmma) for head dim 128.
 //
 // It takes the place of attention_bwd.cuh's main kernel between the same delta and dq kernels, and adds into the
-// same fragment-ordered dq_accum. One warpgroup (128 threads) per (64-key tile, head, batch row); warp w owns key
-// rows 16 w..16 w + 15. K and V stay in shared memory; the block walks the 64-query tiles that see its keys
-// (BackwardQueryTiles), the next one (Q, dO, lse, Delta, document ids) fetched while the current one is computed:
+// same fragment-ordered dq_accum. A block is WGS warpgroups (128 threads each) on one (64 WGS-key tile, head, batch
+// row); warpgroup wg owns keys 64 wg..64 wg + 63 of it, its warp w key rows 16 w..16 w + 15 of those. K and V stay in
+// shared memory; the block walks the 64-query tiles that see its keys (BackwardQueryTiles), the next one (Q, dO, lse,
+// Delta, document ids) fetched while the current one is computed; the warpgroups share each query tile:
 //   S^T = K Q^T, dP^T = V dO^T           wgmma m64n64k16, all operands K-major in shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e) (masked), dS^T = P^T (dP^T - Delta)      (registers)
 //   dV += P^T dO, dK += dS^T Q           wgmma m64n128k16, P^T and dS^T as bf16 register operands, dO and Q
 //                                        read transposed
-//   dQ(tile) += dS K                     dS^T through shared memory, read transposed with K's halves
-//                                        (m64n64k16 twice), then fp32 atomics into dq_accum
-// Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
+//   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
+//                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
+//                                        half each, over all 128 keys), then fp32 atomics into dq_accum
+// Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread). Two warpgroups
+// halve the query-tile loads and the dq_accum atomics per key.
 #pragma once
 
 #include "attention_bwd.cuh"
@@ -19,14 +22,16 @@
 namespace tscale::attn {
 namespace {
 
+template <int WGS>
 struct Sm90BwdLayout {
+  static constexpr int kThreads = 128 * WGS, kKeys = 64 * WGS;
   static constexpr uint32_t kTileBytes = 64 * 256;  // a (64, 128) bf16 tile: two halves of 64 x 128 bytes
   static constexpr uint32_t kHalf = 64 * 128;      // one half (64 head dims)
-  static constexpr uint32_t kK = 0, kV = kK + kTileBytes;
-  static constexpr uint32_t kQ = kV + kTileBytes;       // [2] tiles, by step parity
+  static constexpr uint32_t kK = 0, kV = kK + WGS * kTileBytes;  // [WGS] tiles each, by warpgroup
+  static constexpr uint32_t kQ = kV + WGS * kTileBytes;  // [2] tiles, by step parity
   static constexpr uint32_t kDO = kQ + 2 * kTileBytes;  // [2] tiles
-  static constexpr uint32_t kDS = kDO + 2 * kTileBytes;  // dS^T: [64 keys][64 queries], one swizzled half
-  static constexpr uint32_t kLse = kDS + kHalf;     // float [2][64]: lse * log2 e
+  static constexpr uint32_t kDS = kDO + 2 * kTileBytes;  // dS^T: [64 WGS keys][64 queries], one swizzled half a WG
+  static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse * log2 e
   static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
   static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
   static constexpr uint32_t kSlot = kQDocs + 2 * 64 * 4;
@@ -48,25 +53,29 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int MIN_BLOCKS>
-__global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(const BwdParams p) {
+template <int WGS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kernel(const BwdParams p) {
 #ifdef TSCALE_SM90A_DEVICE
-  using L = Sm90BwdLayout;
+  using L = Sm90BwdLayout<WGS>;
+  constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
   TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
   unsigned char* smem = smem_raw + (base - raw);
-  const uint32_t k_s = base + L::kK, v_s = base + L::kV, ds_s = base + L::kDS;
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32 % 4, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  // This warpgroup's K, V and dS^T tiles; dQ's products read every warpgroup's, from the first on.
+  const uint32_t k_all = base + L::kK, ds_all = base + L::kDS;
+  const uint32_t k_s = k_all + wg * L::kTileBytes, v_s = base + L::kV + wg * L::kTileBytes;
+  const uint32_t ds_s = ds_all + wg * L::kHalf;
   float* lse_s = reinterpret_cast<float*>(smem + L::kLse);
   float* delta_s = reinterpret_cast<float*>(smem + L::kDelta);
   int32_t* qdocs_s = reinterpret_cast<int32_t*>(smem + L::kQDocs);
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
   const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int k0 = kt * kTile;
+  const int k0 = kt * L::kKeys, kw0 = k0 + wg * 64;  // the block's and this warpgroup's first key
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
@@ -77,26 +86,29 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(con
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
-  const BackwardQueryTiles tiles = backward_query_tiles(p, b, k0, kTile, BM, tid, 128, slot);
+  const BackwardQueryTiles tiles = backward_query_tiles(p, b, k0, L::kKeys, BM, tid, kThreads, slot);
   const DocRange kd = tiles.kd;
   auto q_buf = [&](int parity) { return base + L::kQ + parity * L::kTileBytes; };
   auto do_buf = [&](int parity) { return base + L::kDO + parity * L::kTileBytes; };
   auto fetch_queries = [&](int i, int parity) {
     const int q0 = i * BM;
-    load_tile_sw128<BM, 128>(q_buf(parity), qg, p.sq.t, q0, T, tid);
-    load_tile_sw128<BM, 128>(do_buf(parity), dog, p.sdo.t, q0, T, tid);
+    load_tile_sw128<BM, kThreads>(q_buf(parity), qg, p.sq.t, q0, T, tid);
+    load_tile_sw128<BM, kThreads>(do_buf(parity), dog, p.sdo.t, q0, T, tid);
     stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM, qdocs_s + parity * BM,
-                     tid, 128);
+                     tid, kThreads);
   };
 
   // Groups of cp.async: K and V, then the first query tile; then each step's next tile.
-  load_tile_sw128<kTile, 128>(k_s, kg, p.sk.t, k0, T, tid);
-  load_tile_sw128<kTile, 128>(v_s, vg, p.sv.t, k0, T, tid);
+#pragma unroll
+  for (int w = 0; w < WGS; ++w) {
+    load_tile_sw128<64, kThreads>(k_all + w * L::kTileBytes, kg, p.sk.t, k0 + 64 * w, T, tid);
+    load_tile_sw128<64, kThreads>(base + L::kV + w * L::kTileBytes, vg, p.sv.t, k0 + 64 * w, T, tid);
+  }
   cp_async_commit();
   fetch_queries(tiles.first, 0);
   cp_async_commit();
 
-  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;  // this thread's two key rows
+  const int key0 = kw0 + warp * 16 + g, key1 = key0 + 8;  // this thread's two key rows
   const int kdoc0 = docs && key0 < T ? doc[key0] : -1;
   const int kdoc1 = docs && key1 < T ? doc[key1] : -1;
   float dk[64], dv[64];  // 64 keys x 128 head dims per warpgroup
@@ -108,12 +120,12 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(con
   for (int step = 0; i >= 0; ++step) {
     const int parity = step & 1;
     const int ni = tiles.next(i);
+    cp_async_wait<0>();  // K, V and tile i landed
+    fence_proxy_async();
+    __syncthreads();  // ... for every thread, and every warpgroup is done with the previous step
     // Buffer parity ^ 1 was last read by the previous step's products, all waited for: free.
     if (ni >= 0) fetch_queries(ni, parity ^ 1);
     cp_async_commit();
-    cp_async_wait<1>();  // all but the newest group (the next tile) landed: K, V and tile i
-    fence_proxy_async();
-    __syncthreads();
     const uint32_t qt_s = q_buf(parity), dot_s = do_buf(parity);
     const float* lse_t = lse_s + parity * BM;
     const float* delta_t = delta_s + parity * BM;
@@ -141,7 +153,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(con
     // are one interval of columns.
     const int q0 = i * BM;
     const DocRange qd = tiles.query_range(i);
-    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + kTile - 1, window, docs, qd, kd);
+    const bool full = all_visible(q0, q0 + BM - 1, kw0, kw0 + 63, window, docs, qd, kd);
     const bool one_doc = single_document(docs, qd, kd);
     int lo[2], hi[2];  // one_doc: key row key0 (r = 0) or key1 (r = 1) is seen by columns c = qc - 2 t4 in [lo, hi]
     key_query_interval(key0, q0 + t4 * 2, T, window, lo[0], hi[0]);
@@ -186,17 +198,21 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(con
     for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
     wgmma_commit();
 
-    // dQ(tile) += dS K, one half of the head dims at a time; warp w holds query rows q0 + 16 w.. of it.
-    // Fragment-order dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
+    // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
+    // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile), one head-dim half of 64 at a time: both
+    // in turn with one warpgroup, half wg with two. Warp w holds query rows q0 + 16 w.. of it. Fragment-order
+    // dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
     float* blk = dqa + static_cast<int64_t>(q0 / 16 + warp) * 16 * 128;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int hh = 0; hh < 2 / WGS; ++hh) {
+      const int half = WGS == 1 ? hh : wg;
       float dq[32];
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss_n64_tt(dq, sw128_desc(ds_s + ks * 2048, L::kHalf, 1024),
-                        sw128_desc(k_s + half * L::kHalf + ks * 2048, L::kHalf, 1024), ks > 0);
+      for (int ks = 0; ks < 4 * WGS; ++ks)
+        wgmma_ss_n64_tt(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
+                        sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048, L::kHalf,
+                                   1024), ks > 0);
       wgmma_commit();
       wgmma_wait<0>();  // (the first also retires the dV and dK products)
       fence_registers(dq);
@@ -230,11 +246,23 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_bwd_sm90_kernel(con
 #endif
 }
 
-// The three kernels with this main kernel (head dim 128): delta, main, dq.
+template <int WGS, int MIN_BLOCKS>
+void launch_bwd_sm90_main(const BwdCall& c) {
+  using L = Sm90BwdLayout<WGS>;
+  const dim3 grid((c.p.T + L::kKeys - 1) / L::kKeys, c.p.H, c.p.B);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS>, grid, dim3(L::kThreads), L::kBytes, c.p);
+}
+
+// The three kernels with this main kernel (head dim 128): delta, main, dq. Warpgroups a block:
+// TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks a multiprocessor) | 2 (147 KiB: one block
+// of 128-key tiles).
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
+  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BWD_WGS");
+  const int wgs = env != nullptr ? std::atoi(env) : 1;
+  TORCH_CHECK(wgs == 1 || wgs == 2, "TSCALE_ATTENTION_SM90_BWD_WGS must be 1 or 2, got '", env, "'");
   launch_bwd_delta<128>(c);
-  launch_kernel(attention_bwd_sm90_kernel<2>, dim3(c.n_tiles, c.p.H, c.p.B), dim3(128), Sm90BwdLayout::kBytes, c.p);
+  wgs == 1 ? launch_bwd_sm90_main<1, 2>(c) : launch_bwd_sm90_main<2, 1>(c);
   launch_bwd_dq<128>(c);
 }
 

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #define TSCALE_ATTN_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -113,6 +115,21 @@ inline bool hopper_kernels_serve(const at::Tensor& q, int D) {
   (void)q, (void)D;
   return false;
 #endif
+}
+
+// Whether the Hopper kernel serves a call, by the environment variable `env_name` (the forward's or the backward's
+// choice): auto or unset (where it can run and `auto_prefers` it, the measured choice for the call's mask) | sm90 (an
+// error where it cannot run) | mma (the sm_80 kernel).
+inline bool hopper_kernel_chosen(const char* env_name, const char* what, const at::Tensor& q, int D, bool auto_prefers) {
+  const char* env = std::getenv(env_name);
+  const bool forced = env != nullptr && std::strcmp(env, "sm90") == 0;
+  TORCH_CHECK(env == nullptr || forced || std::strcmp(env, "auto") == 0 || std::strcmp(env, "mma") == 0, env_name,
+              " must be auto, sm90 or mma, got '", env, "'");
+  if (env != nullptr && std::strcmp(env, "mma") == 0) return false;
+  const bool can = hopper_kernels_serve(q, D);
+  TORCH_CHECK(can || !forced, env_name, "=sm90: the Hopper ", what, " needs head dim 128, an sm_90 GPU and a build ",
+              "for sm_90a (TORCH_CUDA_ARCH_LIST with 9.0); got head dim ", D);
+  return can && (forced || auto_prefers);
 }
 
 struct DeviceScope {

@@ -2,9 +2,6 @@
 // call, else the sm_80 one (attention_fwd.cuh, which the CPU emulator of the tests also builds).
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "attention_cuda_backend.cuh"
 #include "attention_fwd.cuh"
 #include "attention_fwd_sm90.cuh"
@@ -16,15 +13,7 @@ namespace {
 // limit, where it was measured faster than the sm_80 kernel; the sm_80 one for windows, docs/BENCHMARKS.md
 // "The Hopper forward") | sm90 (this one, an error where it cannot run) | mma (the sm_80 kernel).
 inline bool sm90_forward_serves(const FwdParams& p, const at::Tensor& q) {
-  const char* env = std::getenv("TSCALE_ATTENTION_FWD_KERNEL");
-  const bool forced = env != nullptr && std::strcmp(env, "sm90") == 0;
-  TORCH_CHECK(env == nullptr || forced || std::strcmp(env, "auto") == 0 || std::strcmp(env, "mma") == 0,
-              "TSCALE_ATTENTION_FWD_KERNEL must be auto, sm90 or mma, got '", env, "'");
-  if (env != nullptr && std::strcmp(env, "mma") == 0) return false;
-  const bool can = hopper_kernels_serve(q, p.D);
-  TORCH_CHECK(can || !forced, "TSCALE_ATTENTION_FWD_KERNEL=sm90: the Hopper forward needs head dim 128, an sm_90 ",
-              "GPU and a build for sm_90a (TORCH_CUDA_ARCH_LIST with 9.0); got head dim ", p.D);
-  return can && (forced || p.window == 0);
+  return hopper_kernel_chosen("TSCALE_ATTENTION_FWD_KERNEL", "forward", q, p.D, /*auto_prefers=*/p.window == 0);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_fwd_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
