@@ -4,9 +4,10 @@
 #
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-{sm90,mma}.{json,log}, each step as it ends; SEQ
-# overrides the lengths profiled (default "1024 4096"). With HEADLINE=1, then attention_kernel.py with each backward
-# (the op's own forward choice): OUT_DIR/headline-{mma,sm90}/attention_kernel.json and .log.
+# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS.{json,log} for each of VARIANTS (default
+# "sm90:1 sm90:2 mma"), each step as it ends; SEQ overrides the lengths profiled (default "1024 4096"). With
+# HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own forward choice):
+# OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
@@ -15,18 +16,23 @@ TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tes
   -k "hopper_backward" > "$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
-for kernel in sm90 mma; do
-  TSCALE_ATTENTION_BWD_KERNEL=$kernel timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
-    --out "$OUT/profile-bwd-$kernel.json" > "$OUT/profile-bwd-$kernel.log" 2>&1
-  echo "profile $kernel: exit $?"
-  grep -E "^T|bwd" "$OUT/profile-bwd-$kernel.log"
+# A variant is KERNEL[:WGS]: the backward kernel and, for sm90, its warpgroups per block.
+for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
+  kernel=${variant%%:*}; wgs=${variant#*:}; [ "$wgs" = "$variant" ] && wgs=1
+  TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs timeout "$(left)" \
+    python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
+    --out "$OUT/profile-bwd-$kernel-$wgs.json" > "$OUT/profile-bwd-$kernel-$wgs.log" 2>&1
+  echo "profile $kernel wgs $wgs: exit $?"
+  grep -E "^T|bwd|ms of GPU" "$OUT/profile-bwd-$kernel-$wgs.log"
 done
 if [ "${HEADLINE:-0}" = 1 ]; then
-  for kernel in mma sm90; do
-    mkdir -p "$OUT/headline-$kernel"
-    TSCALE_ATTENTION_BWD_KERNEL=$kernel timeout "$(left)" python3 scripts/bench/attention_kernel.py \
-      --out-dir "$OUT/headline-$kernel" > "$OUT/headline-$kernel/attention_kernel.log" 2>&1
-    echo "attention_kernel with the $kernel backward: exit $?"; tail -3 "$OUT/headline-$kernel/attention_kernel.log"
+  for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
+    kernel=${variant%%:*}; wgs=${variant#*:}; [ "$wgs" = "$variant" ] && wgs=1
+    dir="$OUT/headline-$kernel-$wgs"; mkdir -p "$dir"
+    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs timeout "$(left)" \
+      python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
+    echo "attention_kernel with the $kernel backward, wgs $wgs: exit $?"
+    grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$dir/attention_kernel.log"
   done
 fi
 true
