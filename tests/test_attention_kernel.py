@@ -353,6 +353,15 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
+def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch):
+    """A bad warpgroup count for the Hopper backward names its variable and the values it takes."""
+    q, k, v, do, _ = _case(1, 1, 64, 128, "none")
+    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", "3")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SM90_BWD_WGS must be auto, 1 or 2, got '3'"):
+        emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
+
+
 def test_emulated_kernel_strided_inputs(emu):
     """(B, T, H, D) storage seen as (B, H, T, D), with NaN-filled neighbours: a stray read would show."""
     emu.set_copy_mode(0)

@@ -253,14 +253,22 @@ void launch_bwd_sm90_main(const BwdCall& c) {
   launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS>, grid, dim3(L::kThreads), L::kBytes, c.p);
 }
 
-// The three kernels with this main kernel (head dim 128): delta, main, dq. Warpgroups a block:
-// TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks a multiprocessor) | 2 (147 KiB: one block
-// of 128-key tiles).
+// Warpgroups a block of the main kernel: TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks
+// a multiprocessor) | 2 (147 KiB: one block of 128-key tiles) | auto (default: 2 for calls without a window from
+// 4,096 keys, 1 otherwise; measured on the H200 in docs/BENCHMARKS.md "The Hopper backward": two were 3% faster on
+// the causal mask at T 4096, 4% slower at 1024 and 33% slower with a window of 128).
+inline int sm90_backward_warpgroups(const BwdParams& p) {
+  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BWD_WGS");
+  if (env == nullptr || std::strcmp(env, "auto") == 0 || *env == '\0') return p.window <= 0 && p.T >= 4096 ? 2 : 1;
+  TORCH_CHECK(std::strcmp(env, "1") == 0 || std::strcmp(env, "2") == 0,
+              "TSCALE_ATTENTION_SM90_BWD_WGS must be auto, 1 or 2, got '", env, "'");
+  return std::atoi(env);
+}
+
+// The three kernels with this main kernel (head dim 128): delta, main, dq.
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
-  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BWD_WGS");
-  const int wgs = env != nullptr ? std::atoi(env) : 1;
-  TORCH_CHECK(wgs == 1 || wgs == 2, "TSCALE_ATTENTION_SM90_BWD_WGS must be 1 or 2, got '", env, "'");
+  const int wgs = sm90_backward_warpgroups(c.p);
   launch_bwd_delta<128>(c);
   wgs == 1 ? launch_bwd_sm90_main<1, 2>(c) : launch_bwd_sm90_main<2, 1>(c);
   launch_bwd_dq<128>(c);
