@@ -5,30 +5,18 @@
 #
 #   bash scripts/device/attention_headline.sh OUT_DIR [SECONDS]     (repository root, on the GPU machine)
 #
-# Builds the package, runs attention_kernel.py (OUT_DIR/kernel/), then tokenizes mix + code slice (.devdata/data,
-# GPT-2 BPE) into .cache/issue3/tokens unless it is there, while the attention harness compiles on random ids,
-# and times the step's attention (OUT_DIR/attention_results.json, a copy of the work folder's results.json).
-# Everything stops SECONDS (default 560) after the start; the key lines are printed. Set TSCALE_COMMIT.
+# Builds the package and tokenizes the benchmark corpus (step_bench_prelude.sh), runs attention_kernel.py
+# (OUT_DIR/kernel/), then times the step's attention (OUT_DIR/attention_results.json, a copy of the work folder's
+# results.json). Everything stops SECONDS (default 560) after the start; the key lines are printed. Set TSCALE_COMMIT.
 set -u
 OUT=${1:?usage: attention_headline.sh OUT_DIR [SECONDS]}
-source scripts/device/deadline.sh "${2:-560}"
-export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
-mkdir -p "$OUT/logs" "$OUT/kernel"
-source scripts/device/setup_env.sh "$OUT/logs" || exit 1
+source scripts/device/step_bench_prelude.sh "$OUT" "${2:-560}" || exit 1
+mkdir -p "$OUT/kernel"
 timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$OUT/kernel" > "$OUT/logs/attention_kernel.log" 2>&1
 echo "attention_kernel: exit $?"
 grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$OUT/logs/attention_kernel.log"
-work=.cache/issue3
+work=$(dirname "$tok")  # architecture.py reads WORK/tokens
 export TORCHINDUCTOR_CACHE_DIR=$PWD/$work/inductor
-mkdir -p "$work"
-timeout "$(left)" python3 scripts/bench/architecture.py attention --warm --work "$work" > "$OUT/logs/warm.log" 2>&1 &
-warm=$!
-t0=$(date +%s)
-[ -f $work/tokens/manifest.json ] || timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz \
-  .devdata/data/code-slice.jsonl.xz --tokenizer .devdata/data/gpt2-bpe -o $work/tokens --quiet \
-  || { echo "tokenize failed"; exit 1; }
-echo "tokenized in $(( $(date +%s) - t0 )) s"
-wait $warm; echo "warm-up: exit $?"
 timeout "$(left)" python3 scripts/bench/architecture.py attention --work "$work" --deadline "$deadline" \
   > "$OUT/logs/attention.log" 2>&1
 echo "attention cost: exit $?"

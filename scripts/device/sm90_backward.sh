@@ -16,9 +16,10 @@ TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tes
   -k "hopper_backward" > "$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
-# A variant is KERNEL[:WGS]: the backward kernel and, for sm90, its warpgroups per block.
+# A variant is KERNEL[:WGS]: the backward kernel and, for sm90, its warpgroups per block (1 when left out).
+split_variant() { kernel=${1%%:*}; wgs=${1#*:}; [ "$wgs" = "$1" ] && wgs=1; }
 for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
-  kernel=${variant%%:*}; wgs=${variant#*:}; [ "$wgs" = "$variant" ] && wgs=1
+  split_variant "$variant"
   TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs timeout "$(left)" \
     python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
     --out "$OUT/profile-bwd-$kernel-$wgs.json" > "$OUT/profile-bwd-$kernel-$wgs.log" 2>&1
@@ -27,7 +28,7 @@ for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
 done
 if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
-    kernel=${variant%%:*}; wgs=${variant#*:}; [ "$wgs" = "$variant" ] && wgs=1
+    split_variant "$variant"
     dir="$OUT/headline-$kernel-$wgs"; mkdir -p "$dir"
     TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs timeout "$(left)" \
       python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
