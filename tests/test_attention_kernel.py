@@ -28,16 +28,18 @@ TOL = 2.5e-2
 
 def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
     """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
-    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the Hopper kernel
-    with BN-key tiles and WGS warpgroups a block (skips where it cannot run: head dim 64, or not an sm_90 GPU),
-    or "auto" for the op's own choice."""
-    if fwd.startswith("sm90"):
+    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the pipelined
+    Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES" for the specialised-warp one with
+    BN-key tiles and STAGES buffers (both skip where they cannot run: head dim 64, or not an sm_90 GPU), or "auto"
+    for the op's own choice."""
+    if fwd.startswith(("sm90", "ws")):
         if D != 128 or not _hopper():
             pytest.skip("the Hopper forward needs head dim 128 on an sm_90 GPU")
-        _, bn, wgs = fwd.split("-")
+        form, bn, third = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "sm90")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_FWD", "ws" if form == "ws" else "pipelined")
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
-        monkeypatch.setenv("TSCALE_ATTENTION_SM90_WGS", wgs)
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES" if form == "ws" else "TSCALE_ATTENTION_SM90_WGS", third)
     elif fwd != "auto":
         rows, blocks = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
@@ -111,7 +113,7 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "sm90-64-1", "sm90-64-2"])
+@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "sm90-64-1", "sm90-64-2", "ws-128-2", "ws-64-3"])
 def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
     _set_forward_config(fwd, monkeypatch, D)
     case = _case(B, H, T, D, "sparse", seed=T, device="cuda")
@@ -124,10 +126,11 @@ def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 16, 128, 300])
-@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2"])
+@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2", "ws-128-2", "ws-64-2", "ws-128-3"])
 def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch):
-    """The sm_90a forward (wgmma) at both key-tile sizes, one or two warpgroups a block, on every mask rule; the backward after it is the
-    sm_80 kernel's, fed the Hopper forward's output and logsumexp."""
+    """The sm_90a forwards (wgmma) on every mask rule: the pipelined one at both key-tile sizes with one or two
+    warpgroups a block, the specialised-warp one (TMA loads) at both tile sizes with two or three buffers; the
+    backward after it is the sm_80 kernel's, fed the Hopper forward's output and logsumexp."""
     _set_forward_config(fwd, monkeypatch)
     _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 1, device="cuda"), window=window, sink=sink)
 
@@ -151,7 +154,8 @@ def test_hopper_backward_matches_reference(window, layout, sink, wgs, monkeypatc
 @pytest.mark.cuda
 @needs_kernel
 @needs_sm80
-def test_kernel_strided_inputs_and_int64_docs():
+@pytest.mark.parametrize("window", [128, 0])  # with 0 an sm_90 GPU takes the Hopper forward (TMA maps of the views)
+def test_kernel_strided_inputs_and_int64_docs(window):
     """The model passes q, k, v as (B, T, H, D) views transposed to (B, H, T, D), and int64 document ids."""
     B, H, T, D = 2, 6, 300, 128
     g = torch.Generator().manual_seed(5)
@@ -160,7 +164,7 @@ def test_kernel_strided_inputs_and_int64_docs():
     assert not q.is_contiguous()
     do = torch.randn(B, T, H, D, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)
     docs = doc_ids(B, T, "sparse", g).cuda()
-    _check_kernel(q, k, v, do, docs, window=128, sink=True)
+    _check_kernel(q, k, v, do, docs, window=window, sink=True)
 
 
 @pytest.mark.cuda
@@ -335,6 +339,47 @@ def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode, wgs, m
         _assert_close(name, a, b)
 
 
+@pytest.mark.parametrize("form", ["128-2", "64-2", "128-3"])
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # loads and products land at random times / early / late
+@pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_hopper_ws_forward_matches_reference(emu, case, copy_mode, form, monkeypatch):
+    """The specialised-warp forward (a producer warp's TMA loads and mbarriers, two consumer warpgroups) against the
+    reference, its logsumexp against the sm_80 forward's. With copy_mode 2 a TMA load lands only at the first wait
+    on its barrier, so a consumer that reads a buffer before waiting sees the 0xFF poison; with copy_mode 1 at
+    issue, so a producer that refills a buffer still being read changes the result."""
+    bn, stages = form.split("-")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES", stages)
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
+    args = (docs32, kw["window"], kw["sink"], kw["scale"])
+    out, lse = emu.fwd_sm90_ws(q, k, v, *args)
+    _, lse_sm80 = emu.fwd(q, k, v, *args)
+    finite = torch.isfinite(lse_sm80)
+    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
+    _assert_close("out", out, _reference(q, k, v, do, **kw)[0])
+
+
+def test_emulated_hopper_ws_forward_strided_inputs(emu):
+    """(B, T, H, D) storage seen as (B, H, T, D) through the TMA maps' strides, NaN-filled neighbours around it."""
+    emu.set_copy_mode(0)
+    emu.set_block_order(1)
+    B, H, T, D = 2, 2, 150, 128
+    g = torch.Generator().manual_seed(2)
+    store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
+    store[:, :, :3] = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
+    q, k, v = (store[:, :, i].transpose(1, 2) for i in range(3))
+    do = torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+    out, _ = emu.fwd_sm90_ws(q, k, v, None, 0, True, D ** -0.5)
+    _assert_close("out", out, _reference(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[0])
+
+
+def test_emulated_hopper_ws_forward_config_is_checked(emu, monkeypatch):
+    q, k, v, _, _ = _case(1, 1, 64, 128, "none")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES", "4")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SM90_STAGES must be one of auto, 2, 3; got '4'"):
+        emu.fwd_sm90_ws(q, k, v, None, 0, False, 0.125)
+
+
 def test_emulated_hopper_forward_refuses_head_dim_64(emu):
     q, k, v, _, _ = _case(1, 1, 64, 64, "none")
     with pytest.raises(RuntimeError, match="serves head dim 128"):
@@ -358,7 +403,7 @@ def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch):
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")
     out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", "3")
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SM90_BWD_WGS must be auto, 1 or 2, got '3'"):
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SM90_BWD_WGS must be one of auto, 1, 2; got '3'"):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
 
 

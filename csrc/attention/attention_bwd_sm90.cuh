@@ -258,11 +258,7 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 // 4,096 keys, 1 otherwise; measured on the H200 in docs/BENCHMARKS.md "The Hopper backward": two were 3% faster on
 // the causal mask at T 4096, 4% slower at 1024 and 33% slower with a window of 128).
 inline int sm90_backward_warpgroups(const BwdParams& p) {
-  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BWD_WGS");
-  if (env == nullptr || std::strcmp(env, "auto") == 0) return p.window <= 0 && p.T >= 4096 ? 2 : 1;
-  TORCH_CHECK(std::strcmp(env, "1") == 0 || std::strcmp(env, "2") == 0,
-              "TSCALE_ATTENTION_SM90_BWD_WGS must be auto, 1 or 2, got '", env, "'");
-  return std::atoi(env);
+  return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, p.window <= 0 && p.T >= 4096 ? 2 : 1);
 }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.

@@ -48,13 +48,115 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[BN
   wgmma_commit();
 }
 
+// What hides keys of one tile from this thread's two rows: nothing (full), else the window and causal bound
+// (diff0: row0 - the tile's first key - 2 t4; span: the window, or 2^31), T (keys_left: keys at or after this
+// thread's first column) and, when doc_mask, the key documents at kdocs (this thread's columns) against rdoc.
+struct TileMask {
+  bool full, doc_mask;
+  const int32_t* kdocs;
+  int diff0, keys_left;
+  unsigned span;
+};
+
+// One key tile of the online softmax for this thread's rows row0 and row0 + 8: S (s[4 j + e]: row row0 + 8 (e >> 1),
+// key 8 j + 2 t4 + (e & 1) of the tile) masked and scaled to the log2 domain, the running max m and this thread's
+// share of the sums l brought up to date, s replaced by its exponentials, alpha the factor for what was summed before.
+template <int BN>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             float scale_log2, const TileMask& mask, const int (&rdoc)[2]) {
+  constexpr int kNB = BN / 8;  // n8-blocks of keys in S
+#pragma unroll
+  for (int j = 0; j < kNB; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * j + e] * scale_log2;
+      if (!mask.full) {
+        const int c = j * 8 + (e & 1), r = e >> 1;
+        bool seen = static_cast<unsigned>(mask.diff0 + r * 8 - c) < mask.span && c < mask.keys_left;
+        if (mask.doc_mask) seen = seen && rdoc[r] == mask.kdocs[c];
+        if (!seen) x = -INFINITY;
+      }
+      s[4 * j + e] = x;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
+    mx = fmaxf(mx, warp_xor(mx, 2));
+    const float top = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
+    alpha[r] = exp2f(m[r] - top);                  // rescales what was summed against the old max
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNB; ++j) {
+      s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - top);
+      s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - top);
+      sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    }
+    l[r] = l[r] * alpha[r] + sum;
+  }
+}
+
+// O (64 x 128, this thread's rows) *= alpha per row; P (the exponentials in s) as the bf16 A operands of O += P V.
+template <int BN>
+__device__ __forceinline__ void rescale_and_pack(float (&o)[64], uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 2],
+                                                 const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    o[4 * j] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks) {
+    const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(&s[8 * ks]);
+    const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]);
+    acc_to_a(pa[ks], lo, hi);
+  }
+}
+
+// Epilogue of one warp: O / denominator and the logsumexp for its 16 rows (rows 16 warp.. of the block's BM-query
+// tile at q0) inside T. The warp stages them in the same rows of the swizzled Q tile at q_s, which no product reads
+// any more, then writes whole rows.
+template <int BM>
+__device__ __forceinline__ void store_output_rows(const FwdParams& p, const float (&o)[64], const float (&m)[2],
+                                                  const float (&l)[2], uint32_t q_s, int warp, int lane, int q0, int b,
+                                                  int h) {
+  const int g = lane >> 2, t4 = lane & 3, T = p.T;
+  uint16_t* og = p.o + b * p.so.b + h * p.so.h;  // (T, D) rows of this (b, h), p.so.t apart
+  float* lse = p.lse + (static_cast<int64_t>(b) * p.H + h) * T;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += warp_xor(sum, 1);
+    sum += warp_xor(sum, 2);
+    const float top = m[r] == -INFINITY ? 0.f : m[r];
+    if (p.sink) sum += exp2f(-top);  // the null slot: logit 0, value 0
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int tr = 16 * warp + g + 8 * r;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      st_shared_u32(q_s + sw128_offset(tr, j, BM) + t4 * 4, pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
+    const int rw = q0 + tr;
+    if (t4 == 0 && rw < T) lse[rw] = sum > 0.f ? (top + log2f(sum)) * kLn2 : INFINITY;
+  }
+  warp_sync();
+  for (int i = lane; i < 16 * 16; i += 32) {
+    const int r = 16 * warp + (i >> 4), c = i & 15, row = q0 + r;
+    if (row < T) copy_shared_to_global_16(og + static_cast<int64_t>(row) * p.so.t + c * 8, q_s + sw128_offset(r, c, BM));
+  }
+}
+
 // MIN_BLOCKS: blocks per multiprocessor the registers must leave room for (__launch_bounds__).
 template <int BN, int WGS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kernel(const FwdParams p) {
 #ifdef TSCALE_SM90A_DEVICE
   using L = Sm90FwdLayout<BN, WGS>;
   constexpr int BM = L::kBM, kThreads = L::kThreads;
-  constexpr int kNB = BN / 8;  // n8-blocks of keys in S
   TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
@@ -73,7 +175,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
   const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
-  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
@@ -144,64 +245,18 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
     }
     fence_registers(s);
 
-    // Mask, running max and exponentials (s[4 j + e]: row row0 + 8 (e >> 1), key k0 + 8 j + 2 t4 + (e & 1)).
     const int k0 = t * BN;
     const DocRange kd = tiles.key_range(t);
-    const bool full = all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd);
-    const bool doc_mask = !single_document(docs, qd, kd);
-    const int32_t* kdocs = key_docs + buf * BN + t4 * 2;
-    const int diff0 = row0 - k0 - t4 * 2, keys_left = T - k0 - t4 * 2;
-#pragma unroll
-    for (int j = 0; j < kNB; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[4 * j + e] * p.scale_log2;
-        if (!full) {
-          const int c = j * 8 + (e & 1), r = e >> 1;
-          bool seen = static_cast<unsigned>(diff0 + r * 8 - c) < span && c < keys_left;
-          if (doc_mask) seen = seen && rdoc[r] == kdocs[c];
-          if (!seen) x = -INFINITY;
-        }
-        s[4 * j + e] = x;
-      }
-    }
+    const TileMask mask{all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd),
+                        !single_document(docs, qd, kd), key_docs + buf * BN + t4 * 2, row0 - k0 - t4 * 2,
+                        T - k0 - t4 * 2, span};
     float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
-      mx = fmaxf(mx, warp_xor(mx, 2));
-      const float top = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
-      alpha[r] = exp2f(m[r] - top);                  // rescales what was summed against the old max
-      m[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kNB; ++j) {
-        s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - top);
-        s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - top);
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      l[r] = l[r] * alpha[r] + sum;
-    }
+    softmax_tile<BN>(s, m, l, alpha, p.scale_log2, mask, rdoc);
 
     wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
     fence_registers(o);
     fence_registers(pa);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(&s[8 * ks]);
-      const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]);
-      acc_to_a(pa[ks], lo, hi);
-    }
+    rescale_and_pack<BN>(o, pa, s, alpha);
     __syncthreads();  // no warp reads V(t - 1) any more: its buffer takes V(next)
     if (nt >= 0) load_tile_sw128<BN, kThreads>(v_buf(buf ^ 1), vg, p.sv.t, nt * BN, T, tid);
     cp_async_commit();
@@ -217,30 +272,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
 
-  // Epilogue: O / denominator and the logsumexp for rows inside T. Each warp stages its 16 rows in the same rows
-  // of the (swizzled) Q tile, which no product reads any more, then writes whole rows.
-  uint16_t* og = p.o + b * p.so.b + h * p.so.h;  // (T, D) rows of this (b, h), p.so.t apart
-  float* lse = p.lse + bh * T;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += warp_xor(sum, 1);
-    sum += warp_xor(sum, 2);
-    const float top = m[r] == -INFINITY ? 0.f : m[r];
-    if (p.sink) sum += exp2f(-top);  // the null slot: logit 0, value 0
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int tr = 16 * warp + g + 8 * r;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      st_shared_u32(q_s + sw128_offset(tr, j, BM) + t4 * 4, pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
-    const int rw = row0 + 8 * r;
-    if (t4 == 0 && rw < T) lse[rw] = sum > 0.f ? (top + log2f(sum)) * kLn2 : INFINITY;
-  }
-  warp_sync();
-  for (int i = lane; i < 16 * 16; i += 32) {
-    const int r = 16 * warp + (i >> 4), c = i & 15, row = q0 + r;
-    if (row < T) copy_shared_to_global_16(og + static_cast<int64_t>(row) * p.so.t + c * 8, q_s + sw128_offset(r, c, BM));
-  }
+  store_output_rows<BM>(p, o, m, l, q_s, warp, lane, q0, b, h);
 #endif
 }
 
@@ -258,13 +290,9 @@ void launch_fwd_sm90_config(const FwdParams& p) {
 // and softmax overlap).
 inline void launch_fwd_sm90(const FwdParams& p) {
   TORCH_CHECK(p.D == 128, "attention_fwd_cuda: the Hopper forward serves head dim 128, got ", p.D);
-  const char* env_bn = std::getenv("TSCALE_ATTENTION_SM90_BN");
-  const char* env_wgs = std::getenv("TSCALE_ATTENTION_SM90_WGS");
   const bool windowed = p.window > 0;
-  const int bn = env_bn != nullptr ? std::atoi(env_bn) : windowed ? 64 : 128;
-  const int wgs = env_wgs != nullptr ? std::atoi(env_wgs) : windowed ? 1 : 2;
-  TORCH_CHECK(bn == 64 || bn == 128, "TSCALE_ATTENTION_SM90_BN must be 64 or 128, got '", env_bn, "'");
-  TORCH_CHECK(wgs == 1 || wgs == 2, "TSCALE_ATTENTION_SM90_WGS must be 1 or 2, got '", env_wgs, "'");
+  const int bn = sm90_env_choice("TSCALE_ATTENTION_SM90_BN", {64, 128}, windowed ? 64 : 128);
+  const int wgs = sm90_env_choice("TSCALE_ATTENTION_SM90_WGS", {1, 2}, windowed ? 1 : 2);
   if (wgs == 1)
     bn == 64 ? launch_fwd_sm90_config<64, 1, 2>(p) : launch_fwd_sm90_config<128, 1, 1>(p);
   else

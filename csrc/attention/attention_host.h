@@ -8,7 +8,11 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "attention_common.cuh"
 
@@ -77,6 +81,20 @@ inline DocStats doc_stats(const at::Tensor& docs, int B, int T, int n_stat) {
   launch_kernel(doc_stats_kernel, dim3(static_cast<unsigned>((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0,
                 docs.data_ptr<int32_t>(), s.dmin.data_ptr<int32_t>(), s.dmax.data_ptr<int32_t>(), B, T, n_stat);
   return s;
+}
+
+// A kernel setting from the environment variable `name`: unset or "auto" gives `fallback` (the measured choice for
+// the call), else it must be one of `allowed`, written as a plain integer.
+inline int sm90_env_choice(const char* name, std::initializer_list<int> allowed, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || std::strcmp(env, "auto") == 0) return fallback;
+  std::string choices = "auto";
+  for (const int a : allowed) {
+    if (std::to_string(a) == env) return a;
+    choices += ", " + std::to_string(a);
+  }
+  TORCH_CHECK(false, name, " must be one of ", choices, "; got '", env, "'");
+  return fallback;
 }
 
 }  // namespace

@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
 # The Hopper attention forward on the GPU machine: build, the attention kernel's CUDA tests, then GPU time per
-# kernel of a forward + backward call with each forward (the sm_80 kernel, the sm_90a one at 64- and 128-key
-# tiles, one or two warpgroups a block), cuDNN's causal call beside.
+# kernel of a forward + backward call with each forward (the sm_80 kernel; the pipelined sm_90a one at 64- and
+# 128-key tiles, one or two warpgroups a block; the specialised-warp one at 64- and 128-key tiles, two or three
+# buffers), cuDNN's causal call beside.
 #
 #   bash scripts/device/sm90_forward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
 # Writes OUT_DIR/{build,tests}.log, OUT_DIR/profile-{CONFIG}.json (attention_profile.py; CONFIG = auto, mma or
-# sm90-BN-WGS; CONFIGS overrides the list) and, with HEADLINE=1, the op's own choice timed by attention_kernel.py
-# (OUT_DIR/attention_kernel.json and .log).
+# sm90-BN-WGS or ws-BN-STAGES; CONFIGS overrides the list; TESTS_K selects the tests by pytest -k, all of the
+# file's by default) and, with HEADLINE=1, the op's own choice timed by attention_kernel.py (OUT_DIR/attention_kernel.json
+# and .log).
 set -u
 OUT=${1:?usage: sm90_forward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
 source scripts/device/setup_env.sh "$OUT" || exit 1
 TSCALE_SKIP_EMU=1 timeout "$(( $(left) - 150 ))" python3 -m pytest -q -rfE --maxfail=20 -x tests/test_attention_kernel.py \
-  > "$OUT/tests.log" 2>&1
+  ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)|Error|error" "$OUT/tests.log" | head -20
-for cfg in ${CONFIGS:-sm90-64-1 sm90-64-2 sm90-128-2 mma}; do
-  IFS=- read -r kernel bn wgs <<< "$cfg"
-  TSCALE_ATTENTION_FWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BN=${bn:-64} TSCALE_ATTENTION_SM90_WGS=${wgs:-1} \
-    timeout "$(left)" \
+for cfg in ${CONFIGS:-ws-128-2 ws-128-3 ws-64-2 sm90-128-2 mma}; do
+  IFS=- read -r kernel bn third <<< "$cfg"
+  if [ "$kernel" = ws ]; then
+    kernel=sm90; form="TSCALE_ATTENTION_SM90_FWD=ws TSCALE_ATTENTION_SM90_STAGES=$third"
+  else
+    form="TSCALE_ATTENTION_SM90_FWD=pipelined TSCALE_ATTENTION_SM90_WGS=${third:-1}"
+  fi
+  env TSCALE_ATTENTION_FWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BN=${bn:-64} $form timeout "$(left)" \
     python3 scripts/bench/attention_profile.py --steps 10 --out "$OUT/profile-$cfg.json" > "$OUT/profile-$cfg.log" 2>&1
   echo "profile $cfg: exit $?"
   grep -E "^T|fwd" "$OUT/profile-$cfg.log"

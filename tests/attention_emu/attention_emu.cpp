@@ -1,6 +1,6 @@
 // The fused attention kernels of csrc/attention, compiled for the CPU emulator (tests only).
 //
-// fwd / fwd_sm90 / bwd / bwd_sm90 take CPU tensors and run the very kernel source of the CUDA build, thread by thread;
+// fwd / fwd_sm90 / fwd_sm90_ws / bwd / bwd_sm90 take CPU tensors and run the very kernel source of the CUDA build, thread by thread;
 // tests/test_attention_kernel.py builds this with torch.utils.cpp_extension.load and compares
 // it with attention_reference.
 #include <torch/extension.h>
@@ -11,6 +11,7 @@
 #include "attention_bwd_sm90.cuh"
 #include "attention_fwd.cuh"
 #include "attention_fwd_sm90.cuh"
+#include "attention_fwd_sm90_ws.cuh"
 
 namespace {
 
@@ -38,6 +39,17 @@ std::tuple<at::Tensor, at::Tensor> fwd_sm90(const at::Tensor& q, const at::Tenso
   return {c.out, c.lse};
 }
 
+// The Hopper forward with specialised warps (TMA loads, mbarriers), its key-tile size and buffer count of its
+// environment settings, under sm_90's shared-memory limit.
+std::tuple<at::Tensor, at::Tensor> fwd_sm90_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
+                                               double scale) {
+  const HopperSharedLimit limit;
+  tscale::attn::FwdCall c = tscale::attn::prepare_fwd(q, k, v, doc_ids, window, sink, scale);
+  if (c.out.numel() != 0) tscale::attn::launch_fwd_sm90_ws(c.p);
+  return {c.out, c.lse};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                                    const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
@@ -62,6 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_sm90(const at::Tensor& dout, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd", &fwd);
   m.def("fwd_sm90", &fwd_sm90);
+  m.def("fwd_sm90_ws", &fwd_sm90_ws);
   m.def("bwd_sm90", &bwd_sm90);
   m.def("bwd", &bwd);
   m.def("set_seed", [](uint64_t seed) { emu::rt().rng.seed(seed); });

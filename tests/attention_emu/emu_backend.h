@@ -40,6 +40,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __syncthreads() ::emu::syncthreads()
 #define threadIdx (::emu::rt().current->tid)
 #define blockIdx (::emu::rt().block_idx)
@@ -382,6 +383,77 @@ inline void wgmma_wait() {
       q.groups.erase(q.groups.begin());
     }
   });
+}
+
+// ---- Hopper data movement (the names of csrc/attention/tma_sm90.cuh) ----
+
+// A bf16 (B, H, T, 128) tensor as tma_load_half reads it: element strides (t, h, b), boxes of box_rows rows.
+struct TileMap {
+  const uint16_t* base;
+  int64_t st, sh, sb;
+  int B, H, T, box_rows;
+};
+
+inline void mbar_init(uint32_t bar, int count) {
+  shared_at(bar, 8, 8);
+  if (count < 1) emu::fail("mbarrier.init with a count below 1");
+  emu::Mbarrier m;
+  m.count = m.pending = count;
+  emu::rt().mbarriers[bar] = m;
+}
+inline void fence_mbarrier_init() {}
+
+inline void mbar_arrive(uint32_t bar) {
+  emu::Mbarrier& m = emu::mbarrier_at(bar);
+  if (--m.pending < 0) emu::fail("more arrivals on an mbarrier than its count");
+  emu::mbarrier_progress(bar, m);
+}
+
+inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  emu::mbarrier_at(bar).tx += bytes;
+  mbar_arrive(bar);
+}
+
+inline void mbar_wait(uint32_t bar, uint32_t parity) { emu::mbarrier_wait(bar, static_cast<int>(parity & 1)); }
+
+// The box (box_rows x 64 head dims from d0) lands in the swizzled half at dst when copy_mode says: at issue, or at
+// the first wait on bar.
+inline void tma_load_half(uint32_t dst, const TileMap& map, uint32_t bar, int d0, int row, int h, int b) {
+  if (dst % 1024 != 0) emu::fail("tma_load_half: a 128-byte swizzled destination must be 1024-byte aligned");
+  if (d0 % 64 != 0 || d0 < 0 || d0 >= 128) emu::fail("tma_load_half: d0 must be 0 or 64");
+  if (h < 0 || h >= map.H || b < 0 || b >= map.B) emu::fail("tma_load_half: (b, h) outside the tensor");
+  shared_at(dst, static_cast<size_t>(map.box_rows) * 128, 1024);
+  emu::mbarrier_at(bar);
+  auto land = [dst, map, bar, d0, row, h, b] {
+    for (int r = 0; r < map.box_rows; ++r) {
+      const int t = row + r;
+      for (int c = 0; c < 8; ++c) {
+        uint32_t a = dst + r * 128 + c * 16;
+        a ^= ((a >> 7) & 7u) << 4;
+        unsigned char* out = emu::rt().smem + a;
+        if (t >= 0 && t < map.T) std::memcpy(out, map.base + b * map.sb + h * map.sh + t * map.st + d0 + c * 8, 16);
+        else std::memset(out, 0, 16);
+      }
+    }
+    emu::Mbarrier& m = emu::mbarrier_at(bar);
+    m.tx -= static_cast<int64_t>(map.box_rows) * 128;
+    emu::mbarrier_progress(bar, m);
+  };
+  emu::Runtime& r = emu::rt();
+  const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
+  if (early) land();
+  else emu::mbarrier_at(bar).late_loads.push_back(land);
+}
+
+template <int N>
+inline void setmaxnreg_dec() {}
+template <int N>
+inline void setmaxnreg_inc() {}
+
+// StridesT: attention_common.cuh's Strides, defined after this header.
+template <typename StridesT>
+inline TileMap make_tile_map(const uint16_t* base, const StridesT& s, int B, int H, int T, int box_rows) {
+  return TileMap{base, s.t, s.h, s.b, B, H, T, box_rows};
 }
 
 // ---- host side ----

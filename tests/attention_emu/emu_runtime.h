@@ -9,6 +9,9 @@
 // buffer refilled while another warp still reads it, late completion a read before the wait.
 // Shared memory starts every block filled with 0xFF bytes (NaN as bf16 and fp32). A collective
 // runs when the 32nd lane of a warp arrives; a barrier opens when every live thread has arrived.
+// An mbarrier (Hopper's shared-memory barrier) is kept beside shared memory, by address: a thread that waits
+// for a phase not yet completed sleeps until the arrival or transaction that completes it. TMA loads land at issue
+// or at the first wait on their barrier (copy_mode again), counting their bytes then.
 // Errors (divergent collectives, deadlocks, bad addresses) stop the block and are raised from
 // launch() as std::runtime_error, never thrown across fiber stacks.
 #pragma once
@@ -20,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -34,7 +38,7 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
-enum class State { kReady, kBarrier, kWarp, kDone };
+enum class State { kReady, kBarrier, kWarp, kMbarrier, kDone };
 
 struct Fiber {
   ucontext_t ctx{};
@@ -44,6 +48,7 @@ struct Fiber {
   int linear = 0;
   const void* in = nullptr;  // this lane's operand of the current warp collective
   void* out = nullptr;       // where its result goes
+  uint32_t mbarrier = 0;     // the mbarrier it sleeps on (State::kMbarrier)
   std::vector<std::function<void()>> open_copies;                 // cp.async not yet committed
   std::vector<std::vector<std::function<void()>>> groups;         // committed groups, oldest first
 };
@@ -67,6 +72,15 @@ struct WarpgroupQueue {
   int deferred = 0;  // products queued that have not run
 };
 
+// One mbarrier: arrivals still expected in this phase (of `count`), bytes still expected, the phase's parity, and
+// the TMA loads that will land at the first wait.
+struct Mbarrier {
+  int count = 0, pending = 0;
+  int64_t tx = 0;
+  int phase = 0;
+  std::vector<std::function<void()>> late_loads;
+};
+
 constexpr size_t kStackBytes = 256 * 1024;
 
 struct Runtime {
@@ -75,6 +89,7 @@ struct Runtime {
   std::vector<WarpSlot> warps;
   std::vector<WarpgroupSlot> warpgroups;
   std::vector<WarpgroupQueue> wgmma;  // per warpgroup
+  std::map<uint32_t, Mbarrier> mbarriers;  // by shared address
   Fiber* current = nullptr;
   ucontext_t scheduler{};
   unsigned char* smem = nullptr;  // 16-byte aligned
@@ -174,6 +189,38 @@ inline void warpgroup_collective(int op, const void* in, void* out, F&& compute)
   group_collective(r.warpgroups[wg], op, in, out, [&](Fiber** lanes) { compute(lanes, wg); });
 }
 
+// The mbarrier at `addr` after an arrival or a delivery: a phase completes when nothing more is expected, waking
+// its sleepers.
+inline void mbarrier_progress(uint32_t addr, Mbarrier& m) {
+  if (m.pending != 0 || m.tx != 0) return;
+  m.phase ^= 1;
+  m.pending = m.count;
+  for (auto& f : rt().fibers)
+    if (f->state == State::kMbarrier && f->mbarrier == addr) f->state = State::kReady;
+}
+
+inline Mbarrier& mbarrier_at(uint32_t addr) {
+  auto it = rt().mbarriers.find(addr);
+  if (it == rt().mbarriers.end()) fail("an mbarrier used before mbarrier.init (shared address " + std::to_string(addr) + ")");
+  return it->second;
+}
+
+// Sleeps until the phase of parity `parity` of the mbarrier at `addr` has completed; first lands the loads left
+// to the wait.
+inline void mbarrier_wait(uint32_t addr, int parity) {
+  Runtime& r = rt();
+  for (;;) {
+    Mbarrier& m = mbarrier_at(addr);
+    std::vector<std::function<void()>> loads = std::move(m.late_loads);
+    m.late_loads.clear();
+    for (auto& load : loads) load();
+    if (mbarrier_at(addr).phase != parity) return;
+    r.current->state = State::kMbarrier;
+    r.current->mbarrier = addr;
+    yield();
+  }
+}
+
 inline void run_block(size_t smem_bytes) {
   Runtime& r = rt();
   const int n = static_cast<int>(r.block.x * r.block.y * r.block.z);
@@ -184,6 +231,7 @@ inline void run_block(size_t smem_bytes) {
   for (auto& w : r.warps) w = WarpSlot{};
   for (auto& w : r.warpgroups) w = WarpgroupSlot{};
   for (auto& q : r.wgmma) q = WarpgroupQueue{};
+  r.mbarriers.clear();
   for (int i = 0; i < n; ++i) {
     Fiber& f = *r.fibers[i];
     f.state = State::kReady;
@@ -211,6 +259,9 @@ inline void run_block(size_t smem_bytes) {
     r.current = ready[r.rng() % ready.size()];
     swapcontext(&r.scheduler, &r.current->ctx);
   }
+  for (const auto& [addr, m] : r.mbarriers)
+    if (r.error.empty() && !m.late_loads.empty())
+      r.error = "TMA loads into the mbarrier at " + std::to_string(addr) + " were never waited for";
   r.current = nullptr;
 }
 

@@ -1,0 +1,221 @@
+// The attention forward for Hopper with specialised warps: one producer warp loads every tile by TMA, two consumer
+// warpgroups compute, and barriers in shared memory (mbarrier) pass the buffers between them.
+//
+// One block of three warpgroups (384 threads) per (128-query tile, head, batch row). Warpgroup 0 gives most of its
+// registers to the others (setmaxnreg), and its first warp loads Q once, then, for each key tile of the walk
+// (ForwardKeyTiles), K and V into a ring of STAGES buffers: two TMA boxes of 64 head dims each, in the 128-byte
+// swizzled layout the wgmma products read (wgmma_sm90.cuh). Every buffer has a "full" barrier (the TMA bytes, and
+// for K the key documents the warp's lanes write beside it) and an "empty" one (one arrival from each of the eight
+// consumer warps once nothing of theirs reads it any more). Warpgroups 1 and 2 own queries [64 (w - 1), +64) and
+// run the pipelined loop of attention_fwd_sm90.cuh per tile t:
+//   wait K(t); issue S(t) = Q K(t)^T;  wait V(t - 1); issue O += P(t - 1) V(t - 1)
+//   wait for S(t); mask, running max and exponentials of S(t); free K(t)
+//   wait for the P V product; free V(t - 1); rescale O; P(t) from S(t)
+// with no block-wide synchronisation after the start: a consumer waits only for the buffers it reads, the producer
+// only for buffers to refill. The epilogue is the other Hopper forward's (store_output_rows).
+#pragma once
+
+#include <climits>
+
+#include "attention_fwd_sm90.cuh"
+#include "tma_sm90.cuh"
+
+namespace tscale::attn {
+namespace {
+
+// The TMA maps of q (boxes of the block's 128 queries) and of k and v (boxes of one key tile).
+struct Sm90FwdMaps {
+  TileMap q, k, v;
+};
+
+template <int BN, int STAGES>
+struct Sm90WsLayout {
+  static constexpr int kThreads = 384;
+  static constexpr int kBM = 128;                           // queries per block: 64 per consumer warpgroup
+  static constexpr uint32_t kHalfQ = kBM * 128;             // bytes of one half (64 head dims) of the Q tile
+  static constexpr uint32_t kHalfKV = BN * 128;             // of a K or V tile
+  static constexpr uint32_t kTileKV = 2 * kHalfKV;
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + 2 * kHalfQ;           // buffer s at kK + s kTileKV
+  static constexpr uint32_t kV = kK + STAGES * kTileKV;     // buffer s at kV + s kTileKV
+  static constexpr uint32_t kKeyDocs = kV + STAGES * kTileKV;  // int32 [STAGES][BN], by K buffer
+  static constexpr uint32_t kBars = kKeyDocs + STAGES * BN * 4;  // Q full, then per buffer: K full, K empty, V full, V empty
+  static constexpr uint32_t kSlot = kBars + 8 * (1 + 4 * STAGES);
+  static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
+};
+
+template <int BN, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    attention_fwd_sm90_ws_kernel(const FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
+#ifdef TSCALE_SM90A_DEVICE
+  using L = Sm90WsLayout<BN, STAGES>;
+  constexpr int BM = L::kBM;
+  TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t q_s = base + L::kQ;
+  int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
+  int* slot = reinterpret_cast<int*>(smem + L::kSlot);
+  const uint32_t q_full = base + L::kBars;
+  auto k_full = [&](int s) { return base + L::kBars + 8 * (1 + 4 * s); };
+  auto k_empty = [&](int s) { return k_full(s) + 8; };
+  auto v_full = [&](int s) { return k_full(s) + 16; };
+  auto v_empty = [&](int s) { return k_full(s) + 24; };
+  auto k_buf = [&](int s) { return base + L::kK + s * L::kTileKV; };
+  auto v_buf = [&](int s) { return base + L::kV + s * L::kTileKV; };
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+  const int T = p.T, window = p.window;
+  const int n_qtiles = (T + BM - 1) / BM;
+  const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = qt * BM;
+  const bool docs = p.doc != nullptr;
+  const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
+  const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, BN);
+  const int first = tiles.first(q0, window, tid, L::kThreads, slot);
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), 32);  // the producer warp's lanes, after their key documents
+      mbar_init(k_empty(s), 8);  // the consumer warps
+      mbar_init(v_full(s), 1);
+      mbar_init(v_empty(s), 8);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // the producer
+    setmaxnreg_dec<40>();
+    if (tid >= 32) return;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(q_full, 2 * L::kHalfQ);
+      tma_load_half(q_s, maps.q, q_full, 0, q0, h, b);
+      tma_load_half(q_s + L::kHalfQ, maps.q, q_full, 64, q0, h, b);
+    }
+    int i = 0;
+    for (int t = first; t >= 0; t = tiles.next(t), ++i) {
+      const int s = i % STAGES;
+      const uint32_t freed = ((i / STAGES) & 1) ^ 1;  // the phase in which the consumers released buffer s
+      mbar_wait(k_empty(s), freed);
+      if (docs) {
+        for (int c = lane; c < BN; c += 32) {
+          const int j = t * BN + c;
+          key_docs[s * BN + c] = j < T ? doc[j] : INT_MIN;
+        }
+      }
+      if (lane == 0) {
+        mbar_arrive_expect_tx(k_full(s), L::kTileKV);
+        tma_load_half(k_buf(s), maps.k, k_full(s), 0, t * BN, h, b);
+        tma_load_half(k_buf(s) + L::kHalfKV, maps.k, k_full(s), 64, t * BN, h, b);
+      } else {
+        mbar_arrive(k_full(s));
+      }
+      mbar_wait(v_empty(s), freed);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(v_full(s), L::kTileKV);
+        tma_load_half(v_buf(s), maps.v, v_full(s), 0, t * BN, h, b);
+        tma_load_half(v_buf(s) + L::kHalfKV, maps.v, v_full(s), 64, t * BN, h, b);
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int cw = (tid - 128) / 32, cwg = wg - 1;  // the warp's 16 rows among the block's 128; its warpgroup's 64
+  const int g = lane >> 2, t4 = lane & 3;
+  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
+  const DocRange qd = tiles.qd;
+  const int row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
+  int rdoc[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) rdoc[r] = docs && row0 + 8 * r < T ? doc[row0 + 8 * r] : -1;
+
+  float o[64];              // O accumulator: 64 rows x 128 head dims
+  uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
+  float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = p.sink ? 0.f : -INFINITY;
+    l[r] = 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+
+  mbar_wait(q_full, 0);
+  int i = 0, prev = 0;  // tiles done; the buffer of the previous tile
+  uint32_t prev_parity = 0;
+  for (int t = first; t >= 0; t = tiles.next(t), ++i) {
+    const int s = i % STAGES;
+    const uint32_t parity = (i / STAGES) & 1;
+    mbar_wait(k_full(s), parity);
+    float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t half = kk >> 2, within = (kk & 3) * 32;
+      wgmma_ss<BN>(s_acc, sw128_desc(q_s + half * L::kHalfQ + cwg * 64 * 128 + within, 16, 1024),
+                   sw128_desc(k_buf(s) + half * L::kHalfKV + within, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    if (i > 0) {
+      mbar_wait(v_full(prev), prev_parity);
+      issue_pv<BN>(o, pa, v_buf(prev));
+      wgmma_wait<1>();  // S(t) is done; the P V product may still run
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_registers(s_acc);
+
+    const int k0 = t * BN;
+    const DocRange kd = tiles.key_range(t);
+    const TileMask mask{all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd),
+                        !single_document(docs, qd, kd), key_docs + s * BN + t4 * 2, row0 - k0 - t4 * 2,
+                        T - k0 - t4 * 2, span};
+    float alpha[2];
+    softmax_tile<BN>(s_acc, m, l, alpha, p.scale_log2, mask, rdoc);
+    if (lane == 0) mbar_arrive(k_empty(s));  // K(t) and its key documents are read
+
+    wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
+    fence_registers(o);
+    fence_registers(pa);
+    if (i > 0 && lane == 0) mbar_arrive(v_empty(prev));
+    rescale_and_pack<BN>(o, pa, s_acc, alpha);
+    prev = s;
+    prev_parity = parity;
+  }
+  if (i > 0) {  // the last tile's P V product
+    mbar_wait(v_full(prev), prev_parity);
+    issue_pv<BN>(o, pa, v_buf(prev));
+    wgmma_wait<0>();
+    fence_registers(o);
+  }
+  store_output_rows<BM>(p, o, m, l, q_s, cw, lane, q0, b, h);
+#endif
+}
+
+template <int BN, int STAGES>
+void launch_fwd_sm90_ws_config(const FwdParams& p) {
+  using L = Sm90WsLayout<BN, STAGES>;
+  const Sm90FwdMaps maps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, L::kBM), make_tile_map(p.k, p.sk, p.B, p.H, p.T, BN),
+                         make_tile_map(p.v, p.sv, p.B, p.H, p.T, BN)};
+  const dim3 grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
+  launch_kernel(attention_fwd_sm90_ws_kernel<BN, STAGES>, grid, dim3(L::kThreads), L::kBytes, p, maps);
+}
+
+// Keys per tile (TSCALE_ATTENTION_SM90_BN = 64 | 128, default 128) and buffers of K and V in the ring
+// (TSCALE_ATTENTION_SM90_STAGES = 2 | 3, default 2).
+inline void launch_fwd_sm90_ws(const FwdParams& p) {
+  TORCH_CHECK(p.D == 128, "attention_fwd_cuda: the Hopper forward serves head dim 128, got ", p.D);
+  const int bn = sm90_env_choice("TSCALE_ATTENTION_SM90_BN", {64, 128}, 128);
+  const int stages = sm90_env_choice("TSCALE_ATTENTION_SM90_STAGES", {2, 3}, 2);
+  if (bn == 128)
+    stages == 2 ? launch_fwd_sm90_ws_config<128, 2>(p) : launch_fwd_sm90_ws_config<128, 3>(p);
+  else
+    stages == 2 ? launch_fwd_sm90_ws_config<64, 2>(p) : launch_fwd_sm90_ws_config<64, 3>(p);
+}
+
+}  // namespace
+}  // namespace tscale::attn
