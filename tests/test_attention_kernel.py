@@ -154,9 +154,11 @@ def test_hopper_backward_matches_reference(window, layout, sink, wgs, monkeypatc
 @pytest.mark.cuda
 @needs_kernel
 @needs_sm80
-@pytest.mark.parametrize("window", [128, 0])  # with 0 an sm_90 GPU takes the Hopper forward (TMA maps of the views)
-def test_kernel_strided_inputs_and_int64_docs(window):
+@pytest.mark.parametrize("fwd", ["auto", "ws-128-2"])  # the second: TMA maps of the views (an sm_90 GPU only)
+@pytest.mark.parametrize("window", [128, 0])
+def test_kernel_strided_inputs_and_int64_docs(window, fwd, monkeypatch):
     """The model passes q, k, v as (B, T, H, D) views transposed to (B, H, T, D), and int64 document ids."""
+    _set_forward_config(fwd, monkeypatch)
     B, H, T, D = 2, 6, 300, 128
     g = torch.Generator().manual_seed(5)
     qkv = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16).cuda()
