@@ -29,14 +29,15 @@ TOL = 2.5e-2
 def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
     """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
     128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the pipelined
-    Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES" for the specialised-warp one with
-    BN-key tiles and STAGES buffers (both skip where they cannot run: head dim 64, or not an sm_90 GPU), or "auto"
+    Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES[-PINGPONG]" for the specialised-warp one
+    with BN-key tiles, STAGES buffers and turns between its consumers or not (both skip where they cannot run: head dim 64, or not an sm_90 GPU), or "auto"
     for the op's own choice."""
     if fwd.startswith(("sm90", "ws")):
         if D != 128 or not _hopper():
             pytest.skip("the Hopper forward needs head dim 128 on an sm_90 GPU")
-        form, bn, third = fwd.split("-")
+        form, bn, third, *pingpong = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "sm90")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_PINGPONG", pingpong[0] if pingpong else "auto")
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_FWD", "ws" if form == "ws" else "pipelined")
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES" if form == "ws" else "TSCALE_ATTENTION_SM90_WGS", third)
@@ -126,10 +127,12 @@ def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 16, 128, 300])
-@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2", "ws-128-2", "ws-64-2", "ws-128-3"])
+@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2", "ws-128-2-1", "ws-64-2-1",
+                                 "ws-128-3-1", "ws-128-2-0"])
 def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch):
     """The sm_90a forwards (wgmma) on every mask rule: the pipelined one at both key-tile sizes with one or two
-    warpgroups a block, the specialised-warp one (TMA loads) at both tile sizes with two or three buffers; the
+    warpgroups a block, the specialised-warp one (TMA loads) at both tile sizes with two or three buffers, its
+    consumers taking turns or not; the
     backward after it is the sm_80 kernel's, fed the Hopper forward's output and logsumexp."""
     _set_forward_config(fwd, monkeypatch)
     _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 1, device="cuda"), window=window, sink=sink)
@@ -341,17 +344,19 @@ def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode, wgs, m
         _assert_close(name, a, b)
 
 
-@pytest.mark.parametrize("form", ["128-2", "64-2", "128-3"])
+@pytest.mark.parametrize("form", ["128-2-1", "64-2-1", "128-3-1", "128-2-0"])  # BN-STAGES-PINGPONG
 @pytest.mark.parametrize("copy_mode", [0, 1, 2])  # loads and products land at random times / early / late
 @pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_hopper_ws_forward_matches_reference(emu, case, copy_mode, form, monkeypatch):
     """The specialised-warp forward (a producer warp's TMA loads and mbarriers, two consumer warpgroups) against the
     reference, its logsumexp against the sm_80 forward's. With copy_mode 2 a TMA load lands only at the first wait
     on its barrier, so a consumer that reads a buffer before waiting sees the 0xFF poison; with copy_mode 1 at
-    issue, so a producer that refills a buffer still being read changes the result."""
-    bn, stages = form.split("-")
+    issue, so a producer that refills a buffer still being read changes the result. With PINGPONG 1 the consumers
+    take turns through named barriers, which must balance by the block's end."""
+    bn, stages, pingpong = form.split("-")
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES", stages)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_PINGPONG", pingpong)
     q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
     args = (docs32, kw["window"], kw["sink"], kw["scale"])
     out, lse = emu.fwd_sm90_ws(q, k, v, *args)

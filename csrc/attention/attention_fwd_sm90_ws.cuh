@@ -12,7 +12,9 @@
 //   wait for S(t); mask, running max and exponentials of S(t); free K(t)
 //   wait for the P V product; free V(t - 1); rescale O; P(t) from S(t)
 // with no block-wide synchronisation after the start: a consumer waits only for the buffers it reads, the producer
-// only for buffers to refill. The epilogue is the other Hopper forward's (store_output_rows).
+// only for buffers to refill. With PINGPONG the two consumers take turns to issue their products (named barriers
+// 1 and 2), so that one's softmax runs while the other's products hold the tensor cores. The epilogue is the other
+// Hopper forward's (store_output_rows).
 #pragma once
 
 #include <climits>
@@ -44,7 +46,7 @@ struct Sm90WsLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
-template <int BN, int STAGES>
+template <int BN, int STAGES, bool PINGPONG>
 __global__ void __launch_bounds__(384, 1)
     attention_fwd_sm90_ws_kernel(const FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
@@ -144,13 +146,19 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
 
+  // PINGPONG: consumer c issues after named_barrier_sync(1 + c), then lets the other go; the first turn is the first
+  // consumer's. Each barrier sees as many arrivals as waits: the second consumer skips its last hand-over.
+  if (PINGPONG && cwg == 1) named_barrier_arrive(1, 256);
   mbar_wait(q_full, 0);
-  int i = 0, prev = 0;  // tiles done; the buffer of the previous tile
+  int i = 0, prev = 0, nt = -1;  // tiles done; the buffer of the previous tile; the next tile
   uint32_t prev_parity = 0;
-  for (int t = first; t >= 0; t = tiles.next(t), ++i) {
+  for (int t = first; t >= 0; t = nt, ++i) {
     const int s = i % STAGES;
-    const uint32_t parity = (i / STAGES) & 1;
+    const uint32_t parity = (i / STAGES) & 1;  // of the phase that fills buffer s with tile t
+    nt = tiles.next(t);
     mbar_wait(k_full(s), parity);
+    if (i > 0) mbar_wait(v_full(prev), prev_parity);
+    if (PINGPONG) named_barrier_sync(1 + cwg, 256);
     float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
     wgmma_fence();
 #pragma unroll
@@ -160,9 +168,9 @@ __global__ void __launch_bounds__(384, 1)
                    sw128_desc(k_buf(s) + half * L::kHalfKV + within, 16, 1024), kk > 0);
     }
     wgmma_commit();
+    if (i > 0) issue_pv<BN>(o, pa, v_buf(prev));
+    if (PINGPONG && (cwg == 0 || nt >= 0)) named_barrier_arrive(2 - cwg, 256);
     if (i > 0) {
-      mbar_wait(v_full(prev), prev_parity);
-      issue_pv<BN>(o, pa, v_buf(prev));
       wgmma_wait<1>();  // S(t) is done; the P V product may still run
     } else {
       wgmma_wait<0>();
@@ -196,25 +204,32 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int BN, int STAGES>
+template <int BN, int STAGES, bool PINGPONG>
 void launch_fwd_sm90_ws_config(const FwdParams& p) {
   using L = Sm90WsLayout<BN, STAGES>;
   const Sm90FwdMaps maps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, L::kBM), make_tile_map(p.k, p.sk, p.B, p.H, p.T, BN),
                          make_tile_map(p.v, p.sv, p.B, p.H, p.T, BN)};
   const dim3 grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
-  launch_kernel(attention_fwd_sm90_ws_kernel<BN, STAGES>, grid, dim3(L::kThreads), L::kBytes, p, maps);
+  launch_kernel(attention_fwd_sm90_ws_kernel<BN, STAGES, PINGPONG>, grid, dim3(L::kThreads), L::kBytes, p, maps);
 }
 
-// Keys per tile (TSCALE_ATTENTION_SM90_BN = 64 | 128, default 128) and buffers of K and V in the ring
-// (TSCALE_ATTENTION_SM90_STAGES = 2 | 3, default 2).
+template <int BN, int STAGES>
+void launch_fwd_sm90_ws_stages(const FwdParams& p, bool pingpong) {
+  pingpong ? launch_fwd_sm90_ws_config<BN, STAGES, true>(p) : launch_fwd_sm90_ws_config<BN, STAGES, false>(p);
+}
+
+// Keys per tile (TSCALE_ATTENTION_SM90_BN = 64 | 128, default 128), buffers of K and V in the ring
+// (TSCALE_ATTENTION_SM90_STAGES = 2 | 3, default 2) and turns between the consumers (TSCALE_ATTENTION_SM90_PINGPONG
+// = 0 | 1, default 1).
 inline void launch_fwd_sm90_ws(const FwdParams& p) {
   TORCH_CHECK(p.D == 128, "attention_fwd_cuda: the Hopper forward serves head dim 128, got ", p.D);
   const int bn = sm90_env_choice("TSCALE_ATTENTION_SM90_BN", {64, 128}, 128);
   const int stages = sm90_env_choice("TSCALE_ATTENTION_SM90_STAGES", {2, 3}, 2);
+  const bool pingpong = sm90_env_choice("TSCALE_ATTENTION_SM90_PINGPONG", {0, 1}, 1) == 1;
   if (bn == 128)
-    stages == 2 ? launch_fwd_sm90_ws_config<128, 2>(p) : launch_fwd_sm90_ws_config<128, 3>(p);
+    stages == 2 ? launch_fwd_sm90_ws_stages<128, 2>(p, pingpong) : launch_fwd_sm90_ws_stages<128, 3>(p, pingpong);
   else
-    stages == 2 ? launch_fwd_sm90_ws_config<64, 2>(p) : launch_fwd_sm90_ws_config<64, 3>(p);
+    stages == 2 ? launch_fwd_sm90_ws_stages<64, 2>(p, pingpong) : launch_fwd_sm90_ws_stages<64, 3>(p, pingpong);
 }
 
 }  // namespace

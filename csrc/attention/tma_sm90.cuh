@@ -1,5 +1,6 @@
-// Hopper data movement for the sm_90a attention kernels: shared-memory barriers (mbarrier), tile loads by the tensor
-// memory accelerator (TMA), register reallocation between warpgroups, and the host side of a TMA tile map.
+// Hopper data movement and scheduling for the sm_90a attention kernels: shared-memory barriers (mbarrier), tile loads
+// by the tensor memory accelerator (TMA), named barriers, register reallocation between warpgroups, and the host side
+// of a TMA tile map.
 //
 // A TileMap describes one bf16 (B, H, T, 128) tensor (head dims contiguous, any other strides that are multiples of
 // 8 elements) to the TMA unit: tma_load_half copies rows [row, row + box rows) of head dims [d0, d0 + 64) of one
@@ -78,6 +79,16 @@ __device__ __forceinline__ void tma_load_half(uint32_t dst, const TileMap& map, 
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(d0), "r"(row), "r"(h), "r"(b)
       : "memory");
 #endif
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads') of `count` threads: wait there until `count` have arrived, or
+// arrive without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // Register reallocation between the warpgroups of a block (every thread of the warpgroup executes it).

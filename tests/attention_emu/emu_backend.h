@@ -445,6 +445,9 @@ inline void tma_load_half(uint32_t dst, const TileMap& map, uint32_t bar, int d0
   else emu::mbarrier_at(bar).late_loads.push_back(land);
 }
 
+inline void named_barrier_sync(int id, int count) { emu::named_barrier(id, count, true); }
+inline void named_barrier_arrive(int id, int count) { emu::named_barrier(id, count, false); }
+
 template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>

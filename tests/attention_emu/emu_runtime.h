@@ -38,7 +38,7 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
-enum class State { kReady, kBarrier, kWarp, kMbarrier, kDone };
+enum class State { kReady, kBarrier, kWarp, kMbarrier, kNamedBarrier, kDone };
 
 struct Fiber {
   ucontext_t ctx{};
@@ -49,6 +49,7 @@ struct Fiber {
   const void* in = nullptr;  // this lane's operand of the current warp collective
   void* out = nullptr;       // where its result goes
   uint32_t mbarrier = 0;     // the mbarrier it sleeps on (State::kMbarrier)
+  int named_barrier = 0;     // the named barrier it waits at (State::kNamedBarrier)
   std::vector<std::function<void()>> open_copies;                 // cp.async not yet committed
   std::vector<std::vector<std::function<void()>>> groups;         // committed groups, oldest first
 };
@@ -90,6 +91,7 @@ struct Runtime {
   std::vector<WarpgroupSlot> warpgroups;
   std::vector<WarpgroupQueue> wgmma;  // per warpgroup
   std::map<uint32_t, Mbarrier> mbarriers;  // by shared address
+  std::map<int, int> named_arrivals;        // named barriers (bar.sync / bar.arrive): threads arrived, by id
   Fiber* current = nullptr;
   ucontext_t scheduler{};
   unsigned char* smem = nullptr;  // 16-byte aligned
@@ -221,6 +223,23 @@ inline void mbarrier_wait(uint32_t addr, int parity) {
   }
 }
 
+// bar.sync (wait) or bar.arrive on named barrier `id` of `count` threads: it opens when `count` have arrived,
+// releasing the threads that wait at it.
+inline void named_barrier(int id, int count, bool wait) {
+  Runtime& r = rt();
+  if (id < 1 || id > 15 || count % 32 != 0 || count < 32) fail("a named barrier needs an id in 1..15 and a count of whole warps");
+  if (wait) {
+    r.current->state = State::kNamedBarrier;
+    r.current->named_barrier = id;
+  }
+  if (++r.named_arrivals[id] == count) {
+    r.named_arrivals[id] = 0;
+    for (auto& f : r.fibers)
+      if (f->state == State::kNamedBarrier && f->named_barrier == id) f->state = State::kReady;
+  }
+  yield();
+}
+
 inline void run_block(size_t smem_bytes) {
   Runtime& r = rt();
   const int n = static_cast<int>(r.block.x * r.block.y * r.block.z);
@@ -232,6 +251,7 @@ inline void run_block(size_t smem_bytes) {
   for (auto& w : r.warpgroups) w = WarpgroupSlot{};
   for (auto& q : r.wgmma) q = WarpgroupQueue{};
   r.mbarriers.clear();
+  r.named_arrivals.clear();
   for (int i = 0; i < n; ++i) {
     Fiber& f = *r.fibers[i];
     f.state = State::kReady;
@@ -259,6 +279,8 @@ inline void run_block(size_t smem_bytes) {
     r.current = ready[r.rng() % ready.size()];
     swapcontext(&r.scheduler, &r.current->ctx);
   }
+  for (const auto& [id, n] : r.named_arrivals)
+    if (r.error.empty() && n != 0) r.error = "named barrier " + std::to_string(id) + " left with arrivals at the block's end";
   for (const auto& [addr, m] : r.mbarriers)
     if (r.error.empty() && !m.late_loads.empty())
       r.error = "TMA loads into the mbarrier at " + std::to_string(addr) + " were never waited for";
