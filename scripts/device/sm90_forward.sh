@@ -7,7 +7,7 @@
 #   bash scripts/device/sm90_forward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
 # Writes OUT_DIR/{build,tests}.log, OUT_DIR/profile-{CONFIG}.json (attention_profile.py; CONFIG = auto, mma or
-# sm90-BN-WGS or ws-BN-STAGES; CONFIGS overrides the list; TESTS_K selects the tests by pytest -k, all of the
+# sm90-BN-WGS or ws-BN-STAGES-PINGPONG; CONFIGS overrides the list; TESTS_K selects the tests by pytest -k, all of the
 # file's by default) and, with HEADLINE=1, the op's own choice timed by attention_kernel.py (OUT_DIR/attention_kernel.json
 # and .log).
 set -u
@@ -18,10 +18,11 @@ TSCALE_SKIP_EMU=1 timeout "$(( $(left) - 150 ))" python3 -m pytest -q -rfE --max
   ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "^(FAILED|ERROR)|Error|error" "$OUT/tests.log" | head -20
-for cfg in ${CONFIGS:-ws-128-2 ws-128-3 ws-64-2 sm90-128-2 mma}; do
-  IFS=- read -r kernel bn third <<< "$cfg"
+for cfg in ${CONFIGS:-ws-128-2-1 ws-128-2-0 ws-128-3-1 ws-64-2-1 sm90-128-2 mma}; do
+  IFS=- read -r kernel bn third fourth <<< "$cfg"
   if [ "$kernel" = ws ]; then
-    kernel=sm90; form="TSCALE_ATTENTION_SM90_FWD=ws TSCALE_ATTENTION_SM90_STAGES=$third"
+    kernel=sm90
+    form="TSCALE_ATTENTION_SM90_FWD=ws TSCALE_ATTENTION_SM90_STAGES=$third TSCALE_ATTENTION_SM90_PINGPONG=${fourth:-1}"
   else
     form="TSCALE_ATTENTION_SM90_FWD=pipelined TSCALE_ATTENTION_SM90_WGS=${third:-1}"
   fi
