@@ -4,7 +4,8 @@
 // same fragment-ordered dq_accum. A block is WGS warpgroups (128 threads each) on one (64 WGS-key tile, head, batch
 // row); warpgroup wg owns keys 64 wg..64 wg + 63 of it, its warp w key rows 16 w..16 w + 15 of those. K and V stay in
 // shared memory; the block walks the 64-query tiles that see its keys (BackwardQueryTiles), the next one (Q, dO, lse,
-// Delta, document ids) fetched while the current one is computed; the warpgroups share each query tile:
+// Delta, document ids) fetched while the current one's S^T and dP^T products run; the warpgroups share each query
+// tile:
 //   S^T = K Q^T, dP^T = V dO^T           wgmma m64n64k16, all operands K-major in shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e) (masked), dS^T = P^T (dP^T - Delta)      (registers)
 //   dV += P^T dO, dK += dS^T Q           wgmma m64n128k16, P^T and dS^T as bf16 register operands, dO and Q
@@ -123,9 +124,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
     cp_async_wait<0>();  // K, V and tile i landed
     fence_proxy_async();
     __syncthreads();  // ... for every thread, and every warpgroup is done with the previous step
-    // Buffer parity ^ 1 was last read by the previous step's products, all waited for: free.
-    if (ni >= 0) fetch_queries(ni, parity ^ 1);
-    cp_async_commit();
     const uint32_t qt_s = q_buf(parity), dot_s = do_buf(parity);
     const float* lse_t = lse_s + parity * BM;
     const float* delta_t = delta_s + parity * BM;
@@ -144,6 +142,11 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
       wgmma_ss<64>(dp, sw128_desc(v_s + at, 16, 1024), sw128_desc(dot_s + at, 16, 1024), kk > 0);
     }
     wgmma_commit();
+    // While they run: the next tile into buffer parity ^ 1, last read by the previous step's products, all waited
+    // for. Its lse, Delta and document ids are plain loads that stall this thread until they land; here the tensor
+    // cores are busy meanwhile.
+    if (ni >= 0) fetch_queries(ni, parity ^ 1);
+    cp_async_commit();
     wgmma_wait<0>();
     fence_registers(s);
     fence_registers(dp);
