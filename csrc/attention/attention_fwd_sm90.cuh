@@ -48,6 +48,34 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[BN
   wgmma_commit();
 }
 
+// This thread's start for its rows row0 and row0 + 8: their document ids (-1 past T or without documents), O = 0, the
+// running max at the sink's logit 0 (or -inf without it) and empty sums.
+__device__ __forceinline__ void start_rows(const FwdParams& p, const int32_t* doc, int row0, int (&rdoc)[2],
+                                           float (&o)[64], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rdoc[r] = doc != nullptr && row0 + 8 * r < p.T ? doc[row0 + 8 * r] : -1;
+    m[r] = p.sink ? 0.f : -INFINITY;
+    l[r] = 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+}
+
+// S (64 x BN) = Q K^T for one warpgroup, issued and committed, not waited: q_rows is its 64 rows in the first half of
+// the swizzled Q tile (the second half_q bytes further), k_tile a swizzled BN-key tile.
+template <int BN>
+__device__ __forceinline__ void issue_s(float (&s)[BN / 2], uint32_t q_rows, uint32_t half_q, uint32_t k_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t half = kk >> 2, within = (kk & 3) * 32;
+    wgmma_ss<BN>(s, sw128_desc(q_rows + half * half_q + within, 16, 1024),
+                 sw128_desc(k_tile + half * BN * 128 + within, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
 // What hides keys of one tile from this thread's two rows: nothing (full), else the window and causal bound
 // (diff0: row0 - the tile's first key - 2 t4; span: the window, or 2^31), T (keys_left: keys at or after this
 // thread's first column) and, when doc_mask, the key documents at kdocs (this thread's columns) against rdoc.
@@ -204,19 +232,10 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
   // This thread's rows: q0 + 16 warp + g (r = 0) and + 8 (r = 1), in its warpgroup's 64.
   const int row0 = q0 + 16 * warp + g;
   int rdoc[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) rdoc[r] = docs && row0 + 8 * r < T ? doc[row0 + 8 * r] : -1;
-
   float o[64];              // O accumulator: 64 rows x 128 head dims
   uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
   float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    m[r] = p.sink ? 0.f : -INFINITY;
-    l[r] = 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  start_rows(p, doc, row0, rdoc, o, m, l);
 
   int t = first;
   for (int step = 0; t >= 0; ++step) {
@@ -229,14 +248,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
     cp_async_commit();
 
     float s[BN / 2];  // S = Q K^T: 64 rows x BN keys
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const uint32_t half = kk >> 2, within = (kk & 3) * 32;
-      wgmma_ss<BN>(s, sw128_desc(q_s + half * L::kHalfQ + wg * 64 * 128 + within, 16, 1024),
-                   sw128_desc(k_buf(buf) + half * L::kHalfKV + within, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    issue_s<BN>(s, q_s + wg * 64 * 128, L::kHalfQ, k_buf(buf));
     if (step > 0) {
       issue_pv<BN>(o, pa, v_buf(buf ^ 1));
       wgmma_wait<1>();  // S(t) is done; the P V product may still run

@@ -132,19 +132,10 @@ __global__ void __launch_bounds__(384, 1)
   const DocRange qd = tiles.qd;
   const int row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
   int rdoc[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) rdoc[r] = docs && row0 + 8 * r < T ? doc[row0 + 8 * r] : -1;
-
   float o[64];              // O accumulator: 64 rows x 128 head dims
   uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
   float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    m[r] = p.sink ? 0.f : -INFINITY;
-    l[r] = 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  start_rows(p, doc, row0, rdoc, o, m, l);
 
   // PINGPONG: consumer c issues after named_barrier_sync(1 + c), then lets the other go; the first turn is the first
   // consumer's. Each barrier sees as many arrivals as waits: the second consumer skips its last hand-over.
@@ -160,14 +151,7 @@ __global__ void __launch_bounds__(384, 1)
     if (i > 0) mbar_wait(v_full(prev), prev_parity);
     if (PINGPONG) named_barrier_sync(1 + cwg, 256);
     float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const uint32_t half = kk >> 2, within = (kk & 3) * 32;
-      wgmma_ss<BN>(s_acc, sw128_desc(q_s + half * L::kHalfQ + cwg * 64 * 128 + within, 16, 1024),
-                   sw128_desc(k_buf(s) + half * L::kHalfKV + within, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    issue_s<BN>(s_acc, q_s + cwg * 64 * 128, L::kHalfQ, k_buf(s));
     if (i > 0) issue_pv<BN>(o, pa, v_buf(prev));
     if (PINGPONG && (cwg == 0 || nt >= 0)) named_barrier_arrive(2 - cwg, 256);
     if (i > 0) {
