@@ -307,6 +307,26 @@ def _emulated_case(emu, case, copy_mode):
     return q, k, v, do, docs32, dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
 
 
+def _assert_lse_like_sm80(emu, lse, q, k, v, args) -> None:
+    """A Hopper forward's logsumexp against the emulated sm_80 forward's on the same call: infinite in the same rows,
+    close elsewhere."""
+    _, lse_sm80 = emu.fwd(q, k, v, *args)
+    finite = torch.isfinite(lse_sm80)
+    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
+
+
+def _nan_framed_views(emu, B, H, T, D, seed):
+    """q, k, v as (B, H, T, D) views of (B, T, H, D) storage between NaN-filled neighbours (a stray read would show),
+    and a plain dO; the emulator set to random copy times and block order."""
+    emu.set_copy_mode(0)
+    emu.set_block_order(1)
+    g = torch.Generator().manual_seed(seed)
+    store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
+    store[:, :, :3] = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
+    q, k, v = (store[:, :, i].transpose(1, 2) for i in range(3))
+    return q, k, v, torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+
+
 @pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2"])
 @pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and products complete at random times / early / late
 @pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -321,9 +341,7 @@ def test_emulated_hopper_forward_matches_reference(emu, case, copy_mode, fwd, mo
     q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
     args = (docs32, kw["window"], kw["sink"], kw["scale"])
     out, lse = emu.fwd_sm90(q, k, v, *args)
-    _, lse_sm80 = emu.fwd(q, k, v, *args)
-    finite = torch.isfinite(lse_sm80)
-    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
+    _assert_lse_like_sm80(emu, lse, q, k, v, args)
     grads = emu.bwd(do, q, k, v, out, lse, *args)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), _reference(q, k, v, do, **kw)):
         _assert_close(name, a, b)
@@ -360,22 +378,14 @@ def test_emulated_hopper_ws_forward_matches_reference(emu, case, copy_mode, form
     q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
     args = (docs32, kw["window"], kw["sink"], kw["scale"])
     out, lse = emu.fwd_sm90_ws(q, k, v, *args)
-    _, lse_sm80 = emu.fwd(q, k, v, *args)
-    finite = torch.isfinite(lse_sm80)
-    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
+    _assert_lse_like_sm80(emu, lse, q, k, v, args)
     _assert_close("out", out, _reference(q, k, v, do, **kw)[0])
 
 
 def test_emulated_hopper_ws_forward_strided_inputs(emu):
     """(B, T, H, D) storage seen as (B, H, T, D) through the TMA maps' strides, NaN-filled neighbours around it."""
-    emu.set_copy_mode(0)
-    emu.set_block_order(1)
     B, H, T, D = 2, 2, 150, 128
-    g = torch.Generator().manual_seed(2)
-    store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
-    store[:, :, :3] = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
-    q, k, v = (store[:, :, i].transpose(1, 2) for i in range(3))
-    do = torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+    q, k, v, do = _nan_framed_views(emu, B, H, T, D, seed=2)
     out, _ = emu.fwd_sm90_ws(q, k, v, None, 0, True, D ** -0.5)
     _assert_close("out", out, _reference(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[0])
 
@@ -416,14 +426,7 @@ def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch):
 
 def test_emulated_kernel_strided_inputs(emu):
     """(B, T, H, D) storage seen as (B, H, T, D), with NaN-filled neighbours: a stray read would show."""
-    emu.set_copy_mode(0)
-    emu.set_block_order(1)
-    B, H, T, D = 1, 2, 70, 64
-    g = torch.Generator().manual_seed(1)
-    store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
-    store[:, :, :3] = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
-    q, k, v = (store[:, :, i].transpose(1, 2) for i in range(3))
-    do = torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+    q, k, v, do = _nan_framed_views(emu, B=1, H=2, T=70, D=64, seed=1)
     out, lse = emu.fwd(q, k, v, None, 0, True, 0.125)
     grads = emu.bwd(do, q, k, v, out, lse, None, 0, True, 0.125)
     want = _reference(q, k, v, do, window=0, doc_ids=None, sink=True, scale=0.125)

@@ -20,7 +20,7 @@ inline bool sm90_forward_serves(const FwdParams& p, const at::Tensor& q) {
 
 // Which Hopper forward: TSCALE_ATTENTION_SM90_FWD = auto (default: the specialised-warp one, 21-29% faster than the
 // pipelined one on the causal mask; docs/BENCHMARKS.md "The Hopper forward with specialised warps") | ws | pipelined.
-inline bool sm90_forward_specialised(const FwdParams&) {
+inline bool sm90_forward_specialised() {
   const char* env = std::getenv("TSCALE_ATTENTION_SM90_FWD");
   const bool pipelined = env != nullptr && std::strcmp(env, "pipelined") == 0;
   TORCH_CHECK(env == nullptr || pipelined || std::strcmp(env, "auto") == 0 || std::strcmp(env, "ws") == 0,
@@ -34,12 +34,12 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_entry(const at::Tensor& q, cons
   const DeviceScope scope(q);
   FwdCall c = prepare_fwd(q, k, v, doc_ids, window, sink, scale);
   if (c.out.numel() == 0) return {c.out, c.lse};
-  if (sm90_forward_serves(c.p, q) && sm90_forward_specialised(c.p))
-    launch_fwd_sm90_ws(c.p);
-  else if (sm90_forward_serves(c.p, q))
-    launch_fwd_sm90(c.p);
-  else
+  if (!sm90_forward_serves(c.p, q))
     launch_fwd_mma(c.p);
+  else if (sm90_forward_specialised())
+    launch_fwd_sm90_ws(c.p);
+  else
+    launch_fwd_sm90(c.p);
   return {c.out, c.lse};
 }
 

@@ -86,6 +86,28 @@ struct TileMask {
   unsigned span;
 };
 
+// The TileMask of key tile t (BN keys) for this thread's rows row0 and row0 + 8 of the BM-query tile at q0, the
+// tile's key document ids at tile_docs.
+template <int BM, int BN>
+__device__ __forceinline__ TileMask tile_mask(const ForwardKeyTiles& tiles, int t, int q0, int row0, int t4, int T,
+                                              int window, const int32_t* tile_docs) {
+  const int k0 = t * BN;
+  const DocRange kd = tiles.key_range(t);
+  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
+  return TileMask{all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, tiles.docs, tiles.qd, kd),
+                  !single_document(tiles.docs, tiles.qd, kd), tile_docs + t4 * 2, row0 - k0 - t4 * 2,
+                  T - k0 - t4 * 2, span};
+}
+
+// The document ids of keys [k0, k0 + bn) into `dst` (INT_MIN past T), by threads tid, tid + nthreads, ...
+__device__ __forceinline__ void stage_key_docs(int32_t* dst, const int32_t* doc, int k0, int bn, int T, int tid,
+                                               int nthreads) {
+  for (int c = tid; c < bn; c += nthreads) {
+    const int j = k0 + c;
+    dst[c] = j < T ? doc[j] : INT_MIN;
+  }
+}
+
 // One key tile of the online softmax for this thread's rows row0 and row0 + 8: S (s[4 j + e]: row row0 + 8 (e >> 1),
 // key 8 j + 2 t4 + (e & 1) of the tile) masked and scaled to the log2 domain, the running max m and this thread's
 // share of the sums l brought up to date, s replaced by its exponentials, alpha the factor for what was summed before.
@@ -195,7 +217,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
 
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
-  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
   const int n_qtiles = (T + BM - 1) / BM;
   const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
   const int h = blockIdx.y, b = blockIdx.z;
@@ -207,18 +228,12 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
   const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, BN);
-  const DocRange qd = tiles.qd;
   const int first = tiles.first(q0, window, tid, kThreads, slot);
   auto k_buf = [&](int i) { return base + L::kK + i * L::kTileKV; };
   auto v_buf = [&](int i) { return base + L::kV + i * L::kTileKV; };
   auto fetch_keys = [&](int t, int i) {  // K and the key documents of tile t into buffer i
     load_tile_sw128<BN, kThreads>(k_buf(i), kg, p.sk.t, t * BN, T, tid);
-    if (docs) {
-      for (int c = tid; c < BN; c += kThreads) {
-        const int j = t * BN + c;
-        key_docs[i * BN + c] = j < T ? doc[j] : INT_MIN;
-      }
-    }
+    if (docs) stage_key_docs(key_docs + i * BN, doc, t * BN, BN, T, tid, kThreads);
   };
 
   // Groups of cp.async, in order: Q + K(first), V(first); then per step K(next) at its start and V(next) at its
@@ -257,11 +272,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
     }
     fence_registers(s);
 
-    const int k0 = t * BN;
-    const DocRange kd = tiles.key_range(t);
-    const TileMask mask{all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd),
-                        !single_document(docs, qd, kd), key_docs + buf * BN + t4 * 2, row0 - k0 - t4 * 2,
-                        T - k0 - t4 * 2, span};
+    const TileMask mask = tile_mask<BM, BN>(tiles, t, q0, row0, t4, T, window, key_docs + buf * BN);
     float alpha[2];
     softmax_tile<BN>(s, m, l, alpha, p.scale_log2, mask, rdoc);
 

@@ -17,8 +17,6 @@
 // Hopper forward's (store_output_rows).
 #pragma once
 
-#include <climits>
-
 #include "attention_fwd_sm90.cuh"
 #include "tma_sm90.cuh"
 
@@ -102,12 +100,7 @@ __global__ void __launch_bounds__(384, 1)
       const int s = i % STAGES;
       const uint32_t freed = ((i / STAGES) & 1) ^ 1;  // the phase in which the consumers released buffer s
       mbar_wait(k_empty(s), freed);
-      if (docs) {
-        for (int c = lane; c < BN; c += 32) {
-          const int j = t * BN + c;
-          key_docs[s * BN + c] = j < T ? doc[j] : INT_MIN;
-        }
-      }
+      if (docs) stage_key_docs(key_docs + s * BN, doc, t * BN, BN, T, lane, 32);
       if (lane == 0) {
         mbar_arrive_expect_tx(k_full(s), L::kTileKV);
         tma_load_half(k_buf(s), maps.k, k_full(s), 0, t * BN, h, b);
@@ -128,8 +121,6 @@ __global__ void __launch_bounds__(384, 1)
   setmaxnreg_inc<232>();
   const int cw = (tid - 128) / 32, cwg = wg - 1;  // the warp's 16 rows among the block's 128; its warpgroup's 64
   const int g = lane >> 2, t4 = lane & 3;
-  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
-  const DocRange qd = tiles.qd;
   const int row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
   int rdoc[2];
   float o[64];              // O accumulator: 64 rows x 128 head dims
@@ -161,11 +152,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     fence_registers(s_acc);
 
-    const int k0 = t * BN;
-    const DocRange kd = tiles.key_range(t);
-    const TileMask mask{all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, docs, qd, kd),
-                        !single_document(docs, qd, kd), key_docs + s * BN + t4 * 2, row0 - k0 - t4 * 2,
-                        T - k0 - t4 * 2, span};
+    const TileMask mask = tile_mask<BM, BN>(tiles, t, q0, row0, t4, T, window, key_docs + s * BN);
     float alpha[2];
     softmax_tile<BN>(s_acc, m, l, alpha, p.scale_log2, mask, rdoc);
     if (lane == 0) mbar_arrive(k_empty(s));  // K(t) and its key documents are read

@@ -28,25 +28,15 @@ struct HopperSharedLimit {
   ~HopperSharedLimit() { emu::rt().smem_limit = before; }
 };
 
-// The Hopper forward (wgmma), with the key-tile size and warpgroups a block of its environment settings, under
-// sm_90's shared-memory limit.
-std::tuple<at::Tensor, at::Tensor> fwd_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                            const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
-                                            double scale) {
+// A Hopper forward (wgmma) through `launch`, with the settings of its environment, under sm_90's shared-memory limit:
+// launch_fwd_sm90 (pipelined) or launch_fwd_sm90_ws (specialised warps: TMA loads, mbarriers).
+template <void (*launch)(const tscale::attn::FwdParams&)>
+std::tuple<at::Tensor, at::Tensor> fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
+                                              double scale) {
   const HopperSharedLimit limit;
   tscale::attn::FwdCall c = tscale::attn::prepare_fwd(q, k, v, doc_ids, window, sink, scale);
-  if (c.out.numel() != 0) tscale::attn::launch_fwd_sm90(c.p);
-  return {c.out, c.lse};
-}
-
-// The Hopper forward with specialised warps (TMA loads, mbarriers), its key-tile size and buffer count of its
-// environment settings, under sm_90's shared-memory limit.
-std::tuple<at::Tensor, at::Tensor> fwd_sm90_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink,
-                                               double scale) {
-  const HopperSharedLimit limit;
-  tscale::attn::FwdCall c = tscale::attn::prepare_fwd(q, k, v, doc_ids, window, sink, scale);
-  if (c.out.numel() != 0) tscale::attn::launch_fwd_sm90_ws(c.p);
+  if (c.out.numel() != 0) launch(c.p);
   return {c.out, c.lse};
 }
 
@@ -73,8 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_sm90(const at::Tensor& dout, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd", &fwd);
-  m.def("fwd_sm90", &fwd_sm90);
-  m.def("fwd_sm90_ws", &fwd_sm90_ws);
+  m.def("fwd_sm90", &fwd_hopper<tscale::attn::launch_fwd_sm90>);
+  m.def("fwd_sm90_ws", &fwd_hopper<tscale::attn::launch_fwd_sm90_ws>);
   m.def("bwd_sm90", &bwd_sm90);
   m.def("bwd", &bwd);
   m.def("set_seed", [](uint64_t seed) { emu::rt().rng.seed(seed); });
