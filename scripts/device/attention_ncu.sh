@@ -6,7 +6,8 @@
 # Builds the package (without tscale._C_cutlass) unless it is importable, then profiles
 # scripts/bench/attention_ncu_target.py with ncu (clocks left alone) and writes OUT_DIR/attention.ncu-rep,
 # attention_details.txt (every section of every kernel) and resources.txt (registers, shared memory, spills
-# from cuobjdump). Stops SECONDS after the start.
+# from cuobjdump), attention_raw.csv (every metric) and attention_stalls.txt (scripts/bench/ncu_stalls.py: each
+# kernel's busy shares and largest stall reasons, also printed). Stops SECONDS after the start.
 set -u -o pipefail
 OUT=${1:?usage: attention_ncu.sh OUT_DIR SECONDS [options]}
 source scripts/device/deadline.sh "${2:?usage: attention_ncu.sh OUT_DIR SECONDS [options]}"
@@ -27,3 +28,5 @@ echo "ncu exit $?"; tail -5 "$OUT/logs/ncu.log"
   --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem \
   > "$OUT/attention_summary.csv" 2>&1
 wc -l "$OUT/attention_details.txt"
+"$NCU" --import "$OUT/attention.ncu-rep" --page raw --csv --print-units base > "$OUT/attention_raw.csv" 2>&1
+python3 scripts/bench/ncu_stalls.py "$OUT/attention_raw.csv" | tee "$OUT/attention_stalls.txt"
