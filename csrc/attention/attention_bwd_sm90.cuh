@@ -12,18 +12,21 @@
 //                                        read transposed
 //   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
 //                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
-//                                        half each, over all 128 keys), then fp32 atomics into dq_accum
+//                                        half each, over all 128 keys), then added into dq_accum: by fp32
+//                                        atomics from every thread, or (BULK_DQ) staged in shared memory in
+//                                        dq_accum's order and added by the TMA unit, one 4 KB reduction a warp
 // Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread). Two warpgroups
-// halve the query-tile loads and the dq_accum atomics per key.
+// halve the query-tile loads and the dq_accum additions per key.
 #pragma once
 
 #include "attention_bwd.cuh"
+#include "tma_sm90.cuh"
 #include "wgmma_sm90.cuh"
 
 namespace tscale::attn {
 namespace {
 
-template <int WGS>
+template <int WGS, bool BULK_DQ>
 struct Sm90BwdLayout {
   static constexpr int kThreads = 128 * WGS, kKeys = 64 * WGS;
   static constexpr uint32_t kTileBytes = 64 * 256;  // a (64, 128) bf16 tile: two halves of 64 x 128 bytes
@@ -35,7 +38,8 @@ struct Sm90BwdLayout {
   static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse * log2 e
   static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
   static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
-  static constexpr uint32_t kSlot = kQDocs + 2 * 64 * 4;
+  static constexpr uint32_t kStage = kQDocs + 2 * 64 * 4;  // BULK_DQ: 4 KB of dQ sums per warp and head-dim half
+  static constexpr uint32_t kSlot = kStage + (BULK_DQ ? 4 * WGS * (2 / WGS) * 4096 : 0);
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
@@ -54,10 +58,10 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS>
+template <int WGS, int MIN_BLOCKS, bool BULK_DQ>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kernel(const BwdParams p) {
 #ifdef TSCALE_SM90A_DEVICE
-  using L = Sm90BwdLayout<WGS>;
+  using L = Sm90BwdLayout<WGS, BULK_DQ>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
   TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
@@ -219,10 +223,29 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
       wgmma_commit();
       wgmma_wait<0>();  // (the first also retires the dV and dK products)
       fence_registers(dq);
+      if constexpr (BULK_DQ) {
+        // The warp's 32 x 32 sums in dq_accum's order (lane-consecutive words: no bank conflicts), then one 4 KB
+        // reduction by the TMA unit. This stage was last read by the reduction issued one step back.
+        const uint32_t stage = base + L::kStage + ((wg * 4 + warp) * (2 / WGS) + hh) * 4096;
+        if (lane == 0) bulk_wait_read<2 / WGS - 1>();
+        warp_sync();
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
+          for (int e = 0; e < 4; ++e) st_shared_f32(stage + ((4 * j + e) * 32 + lane) * 4, dq[4 * j + e]);
+        }
+        fence_proxy_async();  // the stores, for the TMA unit
+        warp_sync();
+        if (lane == 0) {
+          bulk_reduce_add_f32(blk + half * 8 * 128, stage, 4096);
+          bulk_commit();
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
+        }
       }
     }
     fence_registers(dv);
@@ -232,6 +255,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
     i = ni;
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
+  if (BULK_DQ && lane == 0) bulk_wait_all();
 
   uint16_t* dkg = p.dk + b * p.sg.b + h * p.sg.h;  // (T, D) rows of this (b, h), p.sg.t apart
   uint16_t* dvg = p.dv + b * p.sg.b + h * p.sg.h;
@@ -249,11 +273,11 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS>
+template <int WGS, int MIN_BLOCKS, bool BULK_DQ>
 void launch_bwd_sm90_main(const BwdCall& c) {
-  using L = Sm90BwdLayout<WGS>;
+  using L = Sm90BwdLayout<WGS, BULK_DQ>;
   const dim3 grid((c.p.T + L::kKeys - 1) / L::kKeys, c.p.H, c.p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS>, grid, dim3(L::kThreads), L::kBytes, c.p);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, BULK_DQ>, grid, dim3(L::kThreads), L::kBytes, c.p);
 }
 
 // Warpgroups a block of the main kernel: TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks
@@ -264,12 +288,21 @@ inline int sm90_backward_warpgroups(const BwdParams& p) {
   return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, p.window <= 0 && p.T >= 4096 ? 2 : 1);
 }
 
+// How the main kernel adds its dQ sums into dq_accum: TSCALE_ATTENTION_SM90_BWD_BULK_DQ = 0 (fp32 atomics from every
+// thread) | 1 (staged in shared memory, one bulk reduction a warp by the TMA unit; 32 KB more shared memory, so one
+// block a multiprocessor with one warpgroup) | auto (default: 0).
+inline bool sm90_backward_bulk_dq() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_BULK_DQ", {0, 1}, 0) == 1; }
+
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
   const int wgs = sm90_backward_warpgroups(c.p);
+  const bool bulk = sm90_backward_bulk_dq();
   launch_bwd_delta<128>(c);
-  wgs == 1 ? launch_bwd_sm90_main<1, 2>(c) : launch_bwd_sm90_main<2, 1>(c);
+  if (wgs == 1)
+    bulk ? launch_bwd_sm90_main<1, 2, true>(c) : launch_bwd_sm90_main<1, 2, false>(c);
+  else
+    bulk ? launch_bwd_sm90_main<2, 1, true>(c) : launch_bwd_sm90_main<2, 1, false>(c);
   launch_bwd_dq<128>(c);
 }
 

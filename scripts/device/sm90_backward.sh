@@ -4,34 +4,45 @@
 #
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS.{json,log} for each of VARIANTS (default
-# "sm90:1 sm90:2 mma"), each step as it ends; SEQ overrides the lengths profiled (default "1024 4096"). With
+# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-BULK-ROUND.{json,log} for each of VARIANTS
+# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:BULK]], BULK = TSCALE_ATTENTION_SM90_BWD_BULK_DQ, 0 when
+# left out) in each of ROUNDS rounds (default 1), each step as it ends; SEQ overrides the lengths profiled (default
+# "1024 4096"); TESTS=0 skips the tests. With
 # HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own forward choice):
 # OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
 source scripts/device/setup_env.sh "$OUT" || exit 1
-TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tests/test_attention_kernel.py \
-  -k "hopper_backward" > "$OUT/tests.log" 2>&1
-echo "tests: $(tail -1 "$OUT/tests.log")"
-grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
-# A variant is KERNEL[:WGS]: the backward kernel and, for sm90, its warpgroups per block (1 when left out).
-split_variant() { kernel=${1%%:*}; wgs=${1#*:}; [ "$wgs" = "$1" ] && wgs=1; }
-for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
-  split_variant "$variant"
-  TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs timeout "$(left)" \
-    python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
-    --out "$OUT/profile-bwd-$kernel-$wgs.json" > "$OUT/profile-bwd-$kernel-$wgs.log" 2>&1
-  echo "profile $kernel wgs $wgs: exit $?"
-  grep -E "^T|bwd|ms of GPU" "$OUT/profile-bwd-$kernel-$wgs.log"
+if [ "${TESTS:-1}" = 1 ]; then
+  TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tests/test_attention_kernel.py \
+    -k "hopper_backward" > "$OUT/tests.log" 2>&1
+  echo "tests: $(tail -1 "$OUT/tests.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
+fi
+# A variant is KERNEL[:WGS[:BULK]]: the backward kernel and, for sm90, its warpgroups per block (1 when left out)
+# and whether its dQ goes by bulk reductions (0 when left out).
+split_variant() {
+  IFS=: read -r kernel wgs bulk <<< "$1"
+  wgs=${wgs:-1} bulk=${bulk:-0}
+}
+for round in $(seq "${ROUNDS:-1}"); do
+  for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
+    split_variant "$variant"
+    name="$kernel-$wgs-$bulk-$round"
+    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
+      timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
+      --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
+    echo "profile $kernel wgs $wgs bulk $bulk round $round: exit $?"
+    grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name.log" | cut -c1-100
+  done
 done
 if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
     split_variant "$variant"
     dir="$OUT/headline-$kernel-$wgs"; mkdir -p "$dir"
-    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs timeout "$(left)" \
-      python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
+    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
+      timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
     echo "attention_kernel with the $kernel backward, wgs $wgs: exit $?"
     grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$dir/attention_kernel.log"
   done

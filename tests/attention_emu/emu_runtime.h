@@ -11,7 +11,8 @@
 // runs when the 32nd lane of a warp arrives; a barrier opens when every live thread has arrived.
 // An mbarrier (Hopper's shared-memory barrier) is kept beside shared memory, by address: a thread that waits
 // for a phase not yet completed sleeps until the arrival or transaction that completes it. TMA loads land at issue
-// or at the first wait on their barrier (copy_mode again), counting their bytes then.
+// or at the first wait on their barrier (copy_mode again), counting their bytes then; bulk reductions read their
+// source at issue or at the wait that retires their group.
 // Errors (divergent collectives, deadlocks, bad addresses) stop the block and are raised from
 // launch() as std::runtime_error, never thrown across fiber stacks.
 #pragma once
@@ -52,6 +53,8 @@ struct Fiber {
   int named_barrier = 0;     // the named barrier it waits at (State::kNamedBarrier)
   std::vector<std::function<void()>> open_copies;                 // cp.async not yet committed
   std::vector<std::vector<std::function<void()>>> groups;         // committed groups, oldest first
+  std::vector<std::function<void()>> open_bulk;                   // bulk reductions not yet committed
+  std::vector<std::vector<std::function<void()>>> bulk_groups;    // committed bulk groups, oldest first
 };
 
 // Where the threads of one warp (32 lanes) or one warpgroup (128) gather for a collective.
@@ -131,6 +134,7 @@ inline void fiber_main() {
   r.body();
   Fiber* f = r.current;
   if (!f->open_copies.empty() || !f->groups.empty()) fail("a thread exited with cp.async copies in flight");
+  if (!f->open_bulk.empty() || !f->bulk_groups.empty()) fail("a thread exited with bulk reductions in flight");
   if (!r.wgmma.empty()) {
     const WarpgroupQueue& q = r.wgmma[f->linear / 128];
     if (!q.open.empty() || !q.groups.empty()) fail("a thread exited with wgmma products in flight");
