@@ -15,7 +15,8 @@
 //                                        half each, over all 128 keys), then added into dq_accum: by fp32
 //                                        atomics from every thread, or (BULK_DQ) staged in shared memory in
 //                                        dq_accum's order and added by the TMA unit, one 4 KB reduction a warp
-// Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread). Two warpgroups
+// Q and dO come by cp.async from every thread or (TMA_Q) by the TMA unit, issued by one thread, each buffer completing
+// an mbarrier. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread). Two warpgroups
 // halve the query-tile loads and the dq_accum additions per key.
 #pragma once
 
@@ -25,6 +26,11 @@
 
 namespace tscale::attn {
 namespace {
+
+// The TMA maps of q and dO (boxes of one 64-query tile), for TMA_Q.
+struct Sm90BwdMaps {
+  TileMap q, dout;
+};
 
 template <int WGS, bool BULK_DQ>
 struct Sm90BwdLayout {
@@ -39,7 +45,8 @@ struct Sm90BwdLayout {
   static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
   static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
   static constexpr uint32_t kStage = kQDocs + 2 * 64 * 4;  // BULK_DQ: 4 KB of dQ sums per warp and head-dim half
-  static constexpr uint32_t kSlot = kStage + (BULK_DQ ? 4 * WGS * (2 / WGS) * 4096 : 0);
+  static constexpr uint32_t kBars = kStage + (BULK_DQ ? 4 * WGS * (2 / WGS) * 4096 : 0);  // [2] full, by parity
+  static constexpr uint32_t kSlot = kBars + 16;
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
@@ -58,8 +65,9 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, bool BULK_DQ>
-__global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kernel(const BwdParams p) {
+template <int WGS, int MIN_BLOCKS, bool BULK_DQ, bool TMA_Q>
+__global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
+    attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
   using L = Sm90BwdLayout<WGS, BULK_DQ>;
   constexpr int kThreads = L::kThreads;
@@ -91,14 +99,34 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
+  const uint32_t q_full = base + L::kBars;  // TMA_Q: the barrier of buffer `parity` at q_full + 8 parity
+  if constexpr (TMA_Q) {
+    if (tid == 0) {
+      mbar_init(q_full, 1);
+      mbar_init(q_full + 8, 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
   const BackwardQueryTiles tiles = backward_query_tiles(p, b, k0, L::kKeys, BM, tid, kThreads, slot);
   const DocRange kd = tiles.kd;
   auto q_buf = [&](int parity) { return base + L::kQ + parity * L::kTileBytes; };
   auto do_buf = [&](int parity) { return base + L::kDO + parity * L::kTileBytes; };
   auto fetch_queries = [&](int i, int parity) {
     const int q0 = i * BM;
-    load_tile_sw128<BM, kThreads>(q_buf(parity), qg, p.sq.t, q0, T, tid);
-    load_tile_sw128<BM, kThreads>(do_buf(parity), dog, p.sdo.t, q0, T, tid);
+    if constexpr (TMA_Q) {
+      if (tid == 0) {
+        const uint32_t bar = q_full + 8 * parity;
+        mbar_arrive_expect_tx(bar, 2 * L::kTileBytes);
+        tma_load_half(q_buf(parity), maps.q, bar, 0, q0, h, b);
+        tma_load_half(q_buf(parity) + L::kHalf, maps.q, bar, 64, q0, h, b);
+        tma_load_half(do_buf(parity), maps.dout, bar, 0, q0, h, b);
+        tma_load_half(do_buf(parity) + L::kHalf, maps.dout, bar, 64, q0, h, b);
+      }
+    } else {
+      load_tile_sw128<BM, kThreads>(q_buf(parity), qg, p.sq.t, q0, T, tid);
+      load_tile_sw128<BM, kThreads>(do_buf(parity), dog, p.sdo.t, q0, T, tid);
+    }
     stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM, qdocs_s + parity * BM,
                      tid, kThreads);
   };
@@ -126,6 +154,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
     const int parity = step & 1;
     const int ni = tiles.next(i);
     cp_async_wait<0>();  // K, V and tile i landed
+    if constexpr (TMA_Q) mbar_wait(q_full + 8 * parity, (step >> 1) & 1);  // the (step / 2)-th fill of this buffer
     fence_proxy_async();
     __syncthreads();  // ... for every thread, and every warpgroup is done with the previous step
     const uint32_t qt_s = q_buf(parity), dot_s = do_buf(parity);
@@ -273,11 +302,24 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_bwd_sm90_kern
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool BULK_DQ>
+template <int WGS, int MIN_BLOCKS, bool BULK_DQ, bool TMA_Q>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS, BULK_DQ>;
-  const dim3 grid((c.p.T + L::kKeys - 1) / L::kKeys, c.p.H, c.p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, BULK_DQ>, grid, dim3(L::kThreads), L::kBytes, c.p);
+  const BwdParams& p = c.p;
+  const Sm90BwdMaps maps = TMA_Q ? Sm90BwdMaps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, 64),
+                                               make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
+                                 : Sm90BwdMaps{};
+  const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, BULK_DQ, TMA_Q>, grid, dim3(L::kThreads), L::kBytes, p,
+                maps);
+}
+
+template <int WGS, int MIN_BLOCKS>
+void launch_bwd_sm90_form(const BwdCall& c, bool bulk, bool tma) {
+  if (bulk)
+    tma ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, true>(c) : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, false>(c);
+  else
+    tma ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, true>(c) : launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, false>(c);
 }
 
 // Warpgroups a block of the main kernel: TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks
@@ -293,16 +335,17 @@ inline int sm90_backward_warpgroups(const BwdParams& p) {
 // block a multiprocessor with one warpgroup) | auto (default: 0).
 inline bool sm90_backward_bulk_dq() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_BULK_DQ", {0, 1}, 0) == 1; }
 
+// How the main kernel loads Q and dO: TSCALE_ATTENTION_SM90_BWD_TMA = 0 (cp.async from every thread) | 1 (the TMA
+// unit, issued by one thread) | auto (default: 0).
+inline bool sm90_backward_tma() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 0) == 1; }
+
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
   const int wgs = sm90_backward_warpgroups(c.p);
-  const bool bulk = sm90_backward_bulk_dq();
+  const bool bulk = sm90_backward_bulk_dq(), tma = sm90_backward_tma();
   launch_bwd_delta<128>(c);
-  if (wgs == 1)
-    bulk ? launch_bwd_sm90_main<1, 2, true>(c) : launch_bwd_sm90_main<1, 2, false>(c);
-  else
-    bulk ? launch_bwd_sm90_main<2, 1, true>(c) : launch_bwd_sm90_main<2, 1, false>(c);
+  wgs == 1 ? launch_bwd_sm90_form<1, 2>(c, bulk, tma) : launch_bwd_sm90_form<2, 1>(c, bulk, tma);
   launch_bwd_dq<128>(c);
 }
 

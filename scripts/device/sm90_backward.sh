@@ -4,9 +4,9 @@
 #
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-BULK-ROUND.{json,log} for each of VARIANTS
-# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:BULK]], BULK = TSCALE_ATTENTION_SM90_BWD_BULK_DQ, 0 when
-# left out) in each of ROUNDS rounds (default 1), each step as it ends; SEQ overrides the lengths profiled (default
+# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-BULK-TMA-ROUND.{json,log} for each of VARIANTS
+# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:BULK[:TMA]]], BULK and TMA = TSCALE_ATTENTION_SM90_BWD_BULK_DQ
+# and _TMA, 0 when left out) in each of ROUNDS rounds (default 1), each step as it ends; SEQ overrides the lengths profiled (default
 # "1024 4096"); TESTS=0 skips the tests. With
 # HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own forward choice):
 # OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
@@ -20,20 +20,20 @@ if [ "${TESTS:-1}" = 1 ]; then
   echo "tests: $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
 fi
-# A variant is KERNEL[:WGS[:BULK]]: the backward kernel and, for sm90, its warpgroups per block (1 when left out)
-# and whether its dQ goes by bulk reductions (0 when left out).
+# A variant is KERNEL[:WGS[:BULK[:TMA]]]: the backward kernel and, for sm90, its warpgroups per block (1 when left
+# out), whether its dQ goes by bulk reductions and its Q and dO by TMA (0 when left out).
 split_variant() {
-  IFS=: read -r kernel wgs bulk <<< "$1"
-  wgs=${wgs:-1} bulk=${bulk:-0}
+  IFS=: read -r kernel wgs bulk tma <<< "$1"
+  wgs=${wgs:-1} bulk=${bulk:-0} tma=${tma:-0}
 }
 for round in $(seq "${ROUNDS:-1}"); do
   for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
     split_variant "$variant"
-    name="$kernel-$wgs-$bulk-$round"
+    name="$kernel-$wgs-$bulk-$tma-$round"
     TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
-      timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
+      TSCALE_ATTENTION_SM90_BWD_TMA=$tma timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
       --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
-    echo "profile $kernel wgs $wgs bulk $bulk round $round: exit $?"
+    echo "profile $kernel wgs $wgs bulk $bulk tma $tma round $round: exit $?"
     grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name.log" | cut -c1-100
   done
 done
@@ -42,7 +42,7 @@ if [ "${HEADLINE:-0}" = 1 ]; then
     split_variant "$variant"
     dir="$OUT/headline-$kernel-$wgs"; mkdir -p "$dir"
     TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
-      timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
+      TSCALE_ATTENTION_SM90_BWD_TMA=$tma timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
     echo "attention_kernel with the $kernel backward, wgs $wgs: exit $?"
     grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$dir/attention_kernel.log"
   done
