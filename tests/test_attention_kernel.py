@@ -422,12 +422,14 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch):
-    """A bad warpgroup count for the Hopper backward names its variable and the values it takes."""
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("BULK_DQ", "0, 1"), ("TMA", "0, 1")])
+def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
+    """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")
     out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", "3")
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SM90_BWD_WGS must be one of auto, 1, 2; got '3'"):
+    name = f"TSCALE_ATTENTION_SM90_BWD_{variable}"
+    monkeypatch.setenv(name, "3")
+    with pytest.raises(RuntimeError, match=f"{name} must be one of auto, {allowed}; got '3'"):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
 
 
