@@ -184,25 +184,17 @@ inline void cp_async_16(uint32_t addr, const void* gmem, int src_bytes) {
   const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
   if (early) {
     copy();
-    r.current->open_copies.push_back([] {});  // still counts in its group
+    r.current->copies.open.push_back([] {});  // still counts in its group
   } else {
-    r.current->open_copies.push_back(copy);
+    r.current->copies.open.push_back(copy);
   }
 }
 
-inline void cp_async_commit() {
-  emu::Fiber* f = emu::rt().current;
-  f->groups.push_back(std::move(f->open_copies));
-  f->open_copies.clear();
-}
+inline void cp_async_commit() { emu::rt().current->copies.commit(); }
 
 template <int N>
 inline void cp_async_wait() {
-  emu::Fiber* f = emu::rt().current;
-  while (f->groups.size() > static_cast<size_t>(N)) {
-    for (auto& copy : f->groups.front()) copy();
-    f->groups.erase(f->groups.begin());
-  }
+  emu::rt().current->copies.retire(N);
 }
 
 template <typename V>
@@ -369,20 +361,14 @@ inline void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, in
 
 inline void wgmma_commit() {
   emu::warpgroup_collective(8, nullptr, nullptr, [](emu::Fiber**, int wg) {
-    emu::WarpgroupQueue& q = emu::rt().wgmma[wg];
-    q.groups.push_back(std::move(q.open));
-    q.open.clear();
+    emu::rt().wgmma[wg].commit();
   });
 }
 
 template <int N>
 inline void wgmma_wait() {
   emu::warpgroup_collective(9 + N, nullptr, nullptr, [](emu::Fiber**, int wg) {
-    emu::WarpgroupQueue& q = emu::rt().wgmma[wg];
-    while (q.groups.size() > static_cast<size_t>(N)) {
-      for (auto& run : q.groups.front()) run();
-      q.groups.erase(q.groups.begin());
-    }
+    emu::rt().wgmma[wg].retire(N);
   });
 }
 
@@ -459,22 +445,14 @@ inline void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
   emu::Runtime& r = emu::rt();
   const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
   if (early) add();
-  r.current->open_bulk.push_back(early ? std::function<void()>([] {}) : std::function<void()>(add));
+  r.current->bulk.open.push_back(early ? std::function<void()>([] {}) : std::function<void()>(add));
 }
 
-inline void bulk_commit() {
-  emu::Fiber* f = emu::rt().current;
-  f->bulk_groups.push_back(std::move(f->open_bulk));
-  f->open_bulk.clear();
-}
+inline void bulk_commit() { emu::rt().current->bulk.commit(); }
 
 template <int N>
 inline void bulk_wait_read() {
-  emu::Fiber* f = emu::rt().current;
-  while (f->bulk_groups.size() > static_cast<size_t>(N)) {
-    for (auto& add : f->bulk_groups.front()) add();
-    f->bulk_groups.erase(f->bulk_groups.begin());
-  }
+  emu::rt().current->bulk.retire(N);
 }
 
 inline void bulk_wait_all() { bulk_wait_read<0>(); }

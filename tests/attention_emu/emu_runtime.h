@@ -41,6 +41,26 @@ struct Dim3 {
 
 enum class State { kReady, kBarrier, kWarp, kMbarrier, kNamedBarrier, kDone };
 
+// Asynchronous operations of one issuer in groups (cp.async, bulk reductions, a warpgroup's products): those issued
+// since the last commit, then the committed groups, oldest first. Each pending operation runs when its group retires.
+struct AsyncGroups {
+  std::vector<std::function<void()>> open;
+  std::vector<std::vector<std::function<void()>>> groups;
+
+  void commit() {
+    groups.push_back(std::move(open));
+    open.clear();
+  }
+  // Runs the oldest groups until at most `keep` remain.
+  void retire(size_t keep) {
+    while (groups.size() > keep) {
+      for (auto& run : groups.front()) run();
+      groups.erase(groups.begin());
+    }
+  }
+  bool idle() const { return open.empty() && groups.empty(); }
+};
+
 struct Fiber {
   ucontext_t ctx{};
   std::unique_ptr<char[]> stack;
@@ -51,10 +71,8 @@ struct Fiber {
   void* out = nullptr;       // where its result goes
   uint32_t mbarrier = 0;     // the mbarrier it sleeps on (State::kMbarrier)
   int named_barrier = 0;     // the named barrier it waits at (State::kNamedBarrier)
-  std::vector<std::function<void()>> open_copies;                 // cp.async not yet committed
-  std::vector<std::vector<std::function<void()>>> groups;         // committed groups, oldest first
-  std::vector<std::function<void()>> open_bulk;                   // bulk reductions not yet committed
-  std::vector<std::vector<std::function<void()>>> bulk_groups;    // committed bulk groups, oldest first
+  AsyncGroups copies;  // cp.async
+  AsyncGroups bulk;    // bulk reductions
 };
 
 // Where the threads of one warp (32 lanes) or one warpgroup (128) gather for a collective.
@@ -67,12 +85,10 @@ struct GroupSlot {
 using WarpSlot = GroupSlot<32>;
 using WarpgroupSlot = GroupSlot<128>;
 
-// A warpgroup's asynchronous products (wgmma): issued but not committed, then committed groups, oldest first.
-// Each runs when the copy mode says (at issue, or at the wait that retires its group), but in issue order, as the
-// hardware runs them: a product runs at issue only when none issued before it is still deferred.
-struct WarpgroupQueue {
-  std::vector<std::function<void()>> open;
-  std::vector<std::vector<std::function<void()>>> groups;
+// A warpgroup's asynchronous products (wgmma). Each runs when the copy mode says (at issue, or at the wait that
+// retires its group), but in issue order, as the hardware runs them: a product runs at issue only when none issued
+// before it is still deferred.
+struct WarpgroupQueue : AsyncGroups {
   int deferred = 0;  // products queued that have not run
 };
 
@@ -133,11 +149,11 @@ inline void fiber_main() {
   Runtime& r = rt();
   r.body();
   Fiber* f = r.current;
-  if (!f->open_copies.empty() || !f->groups.empty()) fail("a thread exited with cp.async copies in flight");
-  if (!f->open_bulk.empty() || !f->bulk_groups.empty()) fail("a thread exited with bulk reductions in flight");
+  if (!f->copies.idle()) fail("a thread exited with cp.async copies in flight");
+  if (!f->bulk.idle()) fail("a thread exited with bulk reductions in flight");
   if (!r.wgmma.empty()) {
     const WarpgroupQueue& q = r.wgmma[f->linear / 128];
-    if (!q.open.empty() || !q.groups.empty()) fail("a thread exited with wgmma products in flight");
+    if (!q.idle()) fail("a thread exited with wgmma products in flight");
   }
   f->state = State::kDone;
   --r.alive;
@@ -262,8 +278,8 @@ inline void run_block(size_t smem_bytes) {
     f.linear = i;
     f.tid = Dim3{static_cast<unsigned>(i % r.block.x), static_cast<unsigned>(i / r.block.x % r.block.y),
                  static_cast<unsigned>(i / (r.block.x * r.block.y))};
-    f.open_copies.clear();
-    f.groups.clear();
+    f.copies = AsyncGroups{};
+    f.bulk = AsyncGroups{};
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack.get();
     f.ctx.uc_stack.ss_size = kStackBytes;
