@@ -5,21 +5,22 @@
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
 # Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-BULK-TMA-ROUND.{json,log} for each of VARIANTS
-# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:BULK[:TMA]]], BULK and TMA = TSCALE_ATTENTION_SM90_BWD_BULK_DQ
-# and _TMA, 0 when left out) in each of ROUNDS rounds (default 1), each step as it ends; SEQ overrides the lengths profiled (default
-# "1024 4096"); TESTS=0 skips the tests. With
-# HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own forward choice):
-# OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
+# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:BULK[:TMA]]], BULK and TMA the values of
+# TSCALE_ATTENTION_SM90_BWD_BULK_DQ and _TMA, 0 when left out) in each of ROUNDS rounds (default 1), each step as it
+# ends. SEQ overrides the lengths profiled (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after
+# the profiles, TESTS_K narrows them (a pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of
+# HEADLINE_VARIANTS (the op's own forward choice): OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
 source scripts/device/setup_env.sh "$OUT" || exit 1
-if [ "${TESTS:-1}" = 1 ]; then
+run_tests() {
   TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tests/test_attention_kernel.py \
-    -k "hopper_backward" > "$OUT/tests.log" 2>&1
+    -k "hopper_backward${TESTS_K:+ and ($TESTS_K)}" > "$OUT/tests.log" 2>&1
   echo "tests: $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
-fi
+}
+[ "${TESTS:-1}" = 1 ] && run_tests
 # A variant is KERNEL[:WGS[:BULK[:TMA]]]: the backward kernel and, for sm90, its warpgroups per block (1 when left
 # out), whether its dQ goes by bulk reductions and its Q and dO by TMA (0 when left out).
 split_variant() {
@@ -31,12 +32,13 @@ for round in $(seq "${ROUNDS:-1}"); do
     split_variant "$variant"
     name="$kernel-$wgs-$bulk-$tma-$round"
     TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
-      TSCALE_ATTENTION_SM90_BWD_TMA=$tma timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
-      --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
+      TSCALE_ATTENTION_SM90_BWD_TMA=$tma timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 \
+      --seq ${SEQ:-1024 4096} --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
     echo "profile $kernel wgs $wgs bulk $bulk tma $tma round $round: exit $?"
     grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name.log" | cut -c1-100
   done
 done
+[ "${TESTS:-1}" = last ] && run_tests
 if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
     split_variant "$variant"
