@@ -140,19 +140,18 @@ def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch
 
 @pytest.mark.cuda
 @needs_kernel
-@pytest.mark.parametrize("form", ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-0-1", "2-1-1"])  # warpgroups-bulk dQ-TMA
+@pytest.mark.parametrize("form", ["1-0", "2-0", "1-1", "2-1"])  # warpgroups - Q and dO by TMA
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 16, 128, 300])
 def test_hopper_backward_matches_reference(window, layout, sink, form, monkeypatch):
-    """The sm_90a backward main kernel (TSCALE_ATTENTION_BWD_KERNEL=sm90), one or two warpgroups a block, its dQ sums
-    added by atomics or by bulk reductions, Q and dO loaded by cp.async or TMA, after the op's own forward."""
+    """The sm_90a backward main kernel (TSCALE_ATTENTION_BWD_KERNEL=sm90), one or two warpgroups a block, Q and dO
+    loaded by cp.async or TMA, after the op's own forward."""
     if not _hopper():
         pytest.skip("the Hopper backward needs an sm_90 GPU")
-    wgs, bulk, tma = form.split("-")
+    wgs, tma = form.split("-")
     monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "sm90")
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", wgs)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_BULK_DQ", bulk)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_TMA", tma)
     _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 2, device="cuda"), window=window, sink=sink)
 
@@ -350,17 +349,15 @@ def test_emulated_hopper_forward_matches_reference(emu, case, copy_mode, fwd, mo
         _assert_close(name, a, b)
 
 
-@pytest.mark.parametrize("form", ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-0-1", "2-1-1"])  # warpgroups-bulk dQ-TMA
-@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies, TMA loads, bulk reductions at random times / early / late
+@pytest.mark.parametrize("form", ["1-0", "2-0", "1-1", "2-1"])  # warpgroups - Q and dO by TMA
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and TMA loads land at random times / early / late
 @pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode, form, monkeypatch):
     """The sm_90a backward main kernel's source (wgmma: S^T, dP^T, dV, dK and dQ products) between the sm_80 delta and
-    dq kernels, emulated with one or two warpgroups a block, its dQ sums added by atomics or staged for bulk
-    reductions, Q and dO loaded by cp.async or TMA, fed the sm_80 forward's output and logsumexp: dq, dk, dv against
-    the reference."""
-    wgs, bulk, tma = form.split("-")
+    dq kernels, emulated with one or two warpgroups a block, Q and dO loaded by cp.async or TMA, fed the sm_80
+    forward's output and logsumexp: dq, dk, dv against the reference."""
+    wgs, tma = form.split("-")
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", wgs)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_BULK_DQ", bulk)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_TMA", tma)
     q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
     out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
@@ -422,7 +419,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("BULK_DQ", "0, 1"), ("TMA", "0, 1")])
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")

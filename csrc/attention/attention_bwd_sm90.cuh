@@ -12,12 +12,10 @@
 //                                        read transposed
 //   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
 //                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
-//                                        half each, over all 128 keys), then added into dq_accum: by fp32
-//                                        atomics from every thread, or (BULK_DQ) staged in shared memory in
-//                                        dq_accum's order and added by the TMA unit, one 4 KB reduction a warp
-// Q and dO come by cp.async from every thread or (TMA_Q) by the TMA unit, issued by one thread, each buffer completing
-// an mbarrier. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread). Two warpgroups
-// halve the query-tile loads and the dq_accum additions per key.
+//                                        half each, over all 128 keys), then fp32 atomics into dq_accum
+// Q and dO come by the TMA unit, issued by one thread, each buffer completing an mbarrier (TMA_Q), or by cp.async from
+// every thread. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
+// Two warpgroups halve the query-tile loads and the dq_accum atomics per key.
 #pragma once
 
 #include "attention_bwd.cuh"
@@ -32,7 +30,7 @@ struct Sm90BwdMaps {
   TileMap q, dout;
 };
 
-template <int WGS, bool BULK_DQ>
+template <int WGS>
 struct Sm90BwdLayout {
   static constexpr int kThreads = 128 * WGS, kKeys = 64 * WGS;
   static constexpr uint32_t kTileBytes = 64 * 256;  // a (64, 128) bf16 tile: two halves of 64 x 128 bytes
@@ -44,8 +42,7 @@ struct Sm90BwdLayout {
   static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse * log2 e
   static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
   static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
-  static constexpr uint32_t kStage = kQDocs + 2 * 64 * 4;  // BULK_DQ: 4 KB of dQ sums per warp and head-dim half
-  static constexpr uint32_t kBars = kStage + (BULK_DQ ? 4 * WGS * (2 / WGS) * 4096 : 0);  // [2] full, by parity
+  static constexpr uint32_t kBars = kQDocs + 2 * 64 * 4;  // [2] full, by parity (TMA_Q)
   static constexpr uint32_t kSlot = kBars + 16;
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
@@ -65,11 +62,11 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, bool BULK_DQ, bool TMA_Q>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
-  using L = Sm90BwdLayout<WGS, BULK_DQ>;
+  using L = Sm90BwdLayout<WGS>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
   TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
@@ -252,29 +249,10 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       wgmma_commit();
       wgmma_wait<0>();  // (the first also retires the dV and dK products)
       fence_registers(dq);
-      if constexpr (BULK_DQ) {
-        // The warp's 32 x 32 sums in dq_accum's order (lane-consecutive words: no bank conflicts), then one 4 KB
-        // reduction by the TMA unit. This stage was last read by the reduction issued one step back.
-        const uint32_t stage = base + L::kStage + ((wg * 4 + warp) * (2 / WGS) + hh) * 4096;
-        if (lane == 0) bulk_wait_read<2 / WGS - 1>();
-        warp_sync();
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st_shared_f32(stage + ((4 * j + e) * 32 + lane) * 4, dq[4 * j + e]);
-        }
-        fence_proxy_async();  // the stores, for the TMA unit
-        warp_sync();
-        if (lane == 0) {
-          bulk_reduce_add_f32(blk + half * 8 * 128, stage, 4096);
-          bulk_commit();
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
-        }
+        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
       }
     }
     fence_registers(dv);
@@ -284,7 +262,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     i = ni;
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
-  if (BULK_DQ && lane == 0) bulk_wait_all();
 
   uint16_t* dkg = p.dk + b * p.sg.b + h * p.sg.h;  // (T, D) rows of this (b, h), p.sg.t apart
   uint16_t* dvg = p.dv + b * p.sg.b + h * p.sg.h;
@@ -302,50 +279,39 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool BULK_DQ, bool TMA_Q>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q>
 void launch_bwd_sm90_main(const BwdCall& c) {
-  using L = Sm90BwdLayout<WGS, BULK_DQ>;
+  using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
   const Sm90BwdMaps maps = TMA_Q ? Sm90BwdMaps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, 64),
                                                make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
                                  : Sm90BwdMaps{};
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, BULK_DQ, TMA_Q>, grid, dim3(L::kThreads), L::kBytes, p,
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q>, grid, dim3(L::kThreads), L::kBytes, p,
                 maps);
 }
 
-template <int WGS, int MIN_BLOCKS>
-void launch_bwd_sm90_form(const BwdCall& c, bool bulk, bool tma) {
-  if (bulk)
-    tma ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, true>(c) : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, false>(c);
-  else
-    tma ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, true>(c) : launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, false>(c);
-}
-
 // Warpgroups a block of the main kernel: TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks
-// a multiprocessor) | 2 (147 KiB: one block of 128-key tiles) | auto (default: 2 for calls without a window from
-// 4,096 keys, 1 otherwise; measured on the H200 in docs/BENCHMARKS.md "The Hopper backward": two were 3% faster on
-// the causal mask at T 4096, 4% slower at 1024 and 33% slower with a window of 128).
-inline int sm90_backward_warpgroups(const BwdParams& p) {
-  return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, p.window <= 0 && p.T >= 4096 ? 2 : 1);
-}
+// a multiprocessor) | 2 (147 KiB: one block of 128-key tiles) | auto (default: 1). Measured on the H200
+// (docs/BENCHMARKS.md "The Hopper backward's loads by TMA"): one warpgroup with TMA loads took 1.54 ms at T 4096
+// causal, one or two with cp.async 1.74 (two with TMA loads were not timed alone), and one with TMA was the fastest
+// on every mask and length measured.
+inline int sm90_backward_warpgroups() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1); }
 
-// How the main kernel adds its dQ sums into dq_accum: TSCALE_ATTENTION_SM90_BWD_BULK_DQ = 0 (fp32 atomics from every
-// thread) | 1 (staged in shared memory, one bulk reduction a warp by the TMA unit; 32 KB more shared memory, so one
-// block a multiprocessor with one warpgroup) | auto (default: 0).
-inline bool sm90_backward_bulk_dq() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_BULK_DQ", {0, 1}, 0) == 1; }
-
-// How the main kernel loads Q and dO: TSCALE_ATTENTION_SM90_BWD_TMA = 0 (cp.async from every thread) | 1 (the TMA
-// unit, issued by one thread) | auto (default: 0).
-inline bool sm90_backward_tma() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 0) == 1; }
+// How the main kernel loads Q and dO: TSCALE_ATTENTION_SM90_BWD_TMA = 1 (the TMA unit, issued by one thread) | 0
+// (cp.async from every thread) | auto (default: 1; 6-12% faster on every mask and length measured).
+inline bool sm90_backward_tma() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1; }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
-  const int wgs = sm90_backward_warpgroups(c.p);
-  const bool bulk = sm90_backward_bulk_dq(), tma = sm90_backward_tma();
+  const int wgs = sm90_backward_warpgroups();
+  const bool tma = sm90_backward_tma();
   launch_bwd_delta<128>(c);
-  wgs == 1 ? launch_bwd_sm90_form<1, 2>(c, bulk, tma) : launch_bwd_sm90_form<2, 1>(c, bulk, tma);
+  if (wgs == 1)
+    tma ? launch_bwd_sm90_main<1, 2, true>(c) : launch_bwd_sm90_main<1, 2, false>(c);
+  else
+    tma ? launch_bwd_sm90_main<2, 1, true>(c) : launch_bwd_sm90_main<2, 1, false>(c);
   launch_bwd_dq<128>(c);
 }
 

@@ -1,6 +1,6 @@
 // Hopper data movement and scheduling for the sm_90a attention kernels: shared-memory barriers (mbarrier), tile loads
-// and bulk reductions by the tensor memory accelerator (TMA), named barriers, register reallocation between
-// warpgroups, and the host side of a TMA tile map.
+// by the tensor memory accelerator (TMA), named barriers, register reallocation between warpgroups, and the host side
+// of a TMA tile map.
 //
 // A TileMap describes one bf16 (B, H, T, 128) tensor (head dims contiguous, any other strides that are multiples of
 // 8 elements) to the TMA unit: tma_load_half copies rows [row, row + box rows) of head dims [d0, d0 + 64) of one
@@ -78,40 +78,6 @@ __device__ __forceinline__ void tma_load_half(uint32_t dst, const TileMap& map, 
       "[%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(d0), "r"(row), "r"(h), "r"(b)
       : "memory");
-#endif
-}
-
-// Adds `bytes` (a multiple of 16) of fp32 values at `src` in shared memory into `dst` in global memory (both 16-byte
-// aligned) by the TMA unit, as part of this thread's open bulk group. Until the group's read completes
-// (bulk_wait_read), `src` must not be written; the thread's earlier shared-memory writes, and those of the threads
-// it synchronised with after their fence_proxy_async, are what the unit reads.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-#endif
-}
-
-// Closes this thread's open bulk group.
-__device__ __forceinline__ void bulk_commit() {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most N of this thread's bulk groups have not finished reading shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// Waits until all of this thread's bulk groups are complete (their writes done).
-__device__ __forceinline__ void bulk_wait_all() {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
 

@@ -4,10 +4,9 @@
 #
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-BULK-TMA-ROUND.{json,log} for each of VARIANTS
-# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:BULK[:TMA]]], BULK and TMA the values of
-# TSCALE_ATTENTION_SM90_BWD_BULK_DQ and _TMA, 0 when left out) in each of ROUNDS rounds (default 1), each step as it
-# ends. SEQ overrides the lengths profiled (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after
+# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-TMA-ROUND.{json,log} for each of VARIANTS
+# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA]], TMA the value of TSCALE_ATTENTION_SM90_BWD_TMA, auto
+# when left out) in each of ROUNDS rounds (default 1), each step as it ends. SEQ overrides the lengths profiled (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after
 # the profiles, TESTS_K narrows them (a pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of
 # HEADLINE_VARIANTS (the op's own forward choice): OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
 set -u
@@ -21,20 +20,19 @@ run_tests() {
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
 }
 [ "${TESTS:-1}" = 1 ] && run_tests
-# A variant is KERNEL[:WGS[:BULK[:TMA]]]: the backward kernel and, for sm90, its warpgroups per block (1 when left
-# out), whether its dQ goes by bulk reductions and its Q and dO by TMA (0 when left out).
+# A variant is KERNEL[:WGS[:TMA]]: the backward kernel and, for sm90, its warpgroups per block (1 when left out) and
+# whether its Q and dO come by TMA (the op's default when left out).
 split_variant() {
-  IFS=: read -r kernel wgs bulk tma <<< "$1"
-  wgs=${wgs:-1} bulk=${bulk:-0} tma=${tma:-0}
+  IFS=: read -r kernel wgs tma <<< "$1"
+  wgs=${wgs:-1} tma=${tma:-auto}
 }
 for round in $(seq "${ROUNDS:-1}"); do
   for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
     split_variant "$variant"
-    name="$kernel-$wgs-$bulk-$tma-$round"
-    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
-      TSCALE_ATTENTION_SM90_BWD_TMA=$tma timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 \
-      --seq ${SEQ:-1024 4096} --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
-    echo "profile $kernel wgs $wgs bulk $bulk tma $tma round $round: exit $?"
+    name="$kernel-$wgs-$tma-$round"
+    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_TMA=$tma \
+      timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
+    echo "profile $kernel wgs $wgs tma $tma round $round: exit $?"
     grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name.log" | cut -c1-100
   done
 done
@@ -43,8 +41,8 @@ if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
     split_variant "$variant"
     dir="$OUT/headline-$kernel-$wgs"; mkdir -p "$dir"
-    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_BULK_DQ=$bulk \
-      TSCALE_ATTENTION_SM90_BWD_TMA=$tma timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
+    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_TMA=$tma \
+      timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
     echo "attention_kernel with the $kernel backward, wgs $wgs: exit $?"
     grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$dir/attention_kernel.log"
   done

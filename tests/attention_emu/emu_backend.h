@@ -227,7 +227,6 @@ inline void store_zero_16(float* p) {
   std::memset(p, 0, 16);
 }
 inline void st_shared_u32(uint32_t addr, uint32_t v) { std::memcpy(shared_at(addr, 4, 4), &v, 4); }
-inline void st_shared_f32(uint32_t addr, float v) { std::memcpy(shared_at(addr, 4, 4), &v, 4); }
 inline void copy_shared_to_global_16(void* gmem, uint32_t addr) {
   if (reinterpret_cast<uintptr_t>(gmem) % 16 != 0)
     emu::fail("copy_shared_to_global_16 to an address that is not 16-byte aligned");
@@ -431,31 +430,6 @@ inline void tma_load_half(uint32_t dst, const TileMap& map, uint32_t bar, int d0
   if (early) land();
   else emu::mbarrier_at(bar).late_loads.push_back(land);
 }
-
-// A bulk reduction reads its shared source and adds it into global memory at issue or when a wait retires its group
-// (copy_mode): late, it exposes a source rewritten before bulk_wait_read; fibers never run at once, so the adds are
-// atomic here.
-inline void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  if (bytes == 0 || bytes % 16 != 0) emu::fail("bulk_reduce_add_f32: the size must be a positive multiple of 16 bytes");
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0) emu::fail("bulk_reduce_add_f32: unaligned global destination");
-  const float* from = reinterpret_cast<const float*>(shared_at(src, bytes, 16));
-  auto add = [dst, from, n = bytes / 4] {
-    for (uint32_t i = 0; i < n; ++i) dst[i] += from[i];
-  };
-  emu::Runtime& r = emu::rt();
-  const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
-  if (early) add();
-  r.current->bulk.open.push_back(early ? std::function<void()>([] {}) : std::function<void()>(add));
-}
-
-inline void bulk_commit() { emu::rt().current->bulk.commit(); }
-
-template <int N>
-inline void bulk_wait_read() {
-  emu::rt().current->bulk.retire(N);
-}
-
-inline void bulk_wait_all() { bulk_wait_read<0>(); }
 
 inline void named_barrier_sync(int id, int count) { emu::named_barrier(id, count, true); }
 inline void named_barrier_arrive(int id, int count) { emu::named_barrier(id, count, false); }

@@ -11,8 +11,7 @@
 // runs when the 32nd lane of a warp arrives; a barrier opens when every live thread has arrived.
 // An mbarrier (Hopper's shared-memory barrier) is kept beside shared memory, by address: a thread that waits
 // for a phase not yet completed sleeps until the arrival or transaction that completes it. TMA loads land at issue
-// or at the first wait on their barrier (copy_mode again), counting their bytes then; bulk reductions read their
-// source at issue or at the wait that retires their group.
+// or at the first wait on their barrier (copy_mode again), counting their bytes then.
 // Errors (divergent collectives, deadlocks, bad addresses) stop the block and are raised from
 // launch() as std::runtime_error, never thrown across fiber stacks.
 #pragma once
@@ -41,7 +40,7 @@ struct Dim3 {
 
 enum class State { kReady, kBarrier, kWarp, kMbarrier, kNamedBarrier, kDone };
 
-// Asynchronous operations of one issuer in groups (cp.async, bulk reductions, a warpgroup's products): those issued
+// Asynchronous operations of one issuer in groups (a thread's cp.async, a warpgroup's products): those issued
 // since the last commit, then the committed groups, oldest first. Each pending operation runs when its group retires.
 struct AsyncGroups {
   std::vector<std::function<void()>> open;
@@ -72,7 +71,6 @@ struct Fiber {
   uint32_t mbarrier = 0;     // the mbarrier it sleeps on (State::kMbarrier)
   int named_barrier = 0;     // the named barrier it waits at (State::kNamedBarrier)
   AsyncGroups copies;  // cp.async
-  AsyncGroups bulk;    // bulk reductions
 };
 
 // Where the threads of one warp (32 lanes) or one warpgroup (128) gather for a collective.
@@ -150,7 +148,6 @@ inline void fiber_main() {
   r.body();
   Fiber* f = r.current;
   if (!f->copies.idle()) fail("a thread exited with cp.async copies in flight");
-  if (!f->bulk.idle()) fail("a thread exited with bulk reductions in flight");
   if (!r.wgmma.empty()) {
     const WarpgroupQueue& q = r.wgmma[f->linear / 128];
     if (!q.idle()) fail("a thread exited with wgmma products in flight");
@@ -279,7 +276,6 @@ inline void run_block(size_t smem_bytes) {
     f.tid = Dim3{static_cast<unsigned>(i % r.block.x), static_cast<unsigned>(i / r.block.x % r.block.y),
                  static_cast<unsigned>(i / (r.block.x * r.block.y))};
     f.copies = AsyncGroups{};
-    f.bulk = AsyncGroups{};
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack.get();
     f.ctx.uc_stack.ss_size = kStackBytes;
