@@ -115,10 +115,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       if (tid == 0) {
         const uint32_t bar = q_full + 8 * parity;
         mbar_arrive_expect_tx(bar, 2 * L::kTileBytes);
-        tma_load_half(q_buf(parity), maps.q, bar, 0, q0, h, b);
-        tma_load_half(q_buf(parity) + L::kHalf, maps.q, bar, 64, q0, h, b);
-        tma_load_half(do_buf(parity), maps.dout, bar, 0, q0, h, b);
-        tma_load_half(do_buf(parity) + L::kHalf, maps.dout, bar, 64, q0, h, b);
+        tma_load_tile(q_buf(parity), L::kHalf, maps.q, bar, q0, h, b);
+        tma_load_tile(do_buf(parity), L::kHalf, maps.dout, bar, q0, h, b);
       }
     } else {
       load_tile_sw128<BM, kThreads>(q_buf(parity), qg, p.sq.t, q0, T, tid);

@@ -92,8 +92,7 @@ __global__ void __launch_bounds__(384, 1)
     if (tid >= 32) return;
     if (lane == 0) {
       mbar_arrive_expect_tx(q_full, 2 * L::kHalfQ);
-      tma_load_half(q_s, maps.q, q_full, 0, q0, h, b);
-      tma_load_half(q_s + L::kHalfQ, maps.q, q_full, 64, q0, h, b);
+      tma_load_tile(q_s, L::kHalfQ, maps.q, q_full, q0, h, b);
     }
     int i = 0;
     for (int t = first; t >= 0; t = tiles.next(t), ++i) {
@@ -103,16 +102,14 @@ __global__ void __launch_bounds__(384, 1)
       if (docs) stage_key_docs(key_docs + s * BN, doc, t * BN, BN, T, lane, 32);
       if (lane == 0) {
         mbar_arrive_expect_tx(k_full(s), L::kTileKV);
-        tma_load_half(k_buf(s), maps.k, k_full(s), 0, t * BN, h, b);
-        tma_load_half(k_buf(s) + L::kHalfKV, maps.k, k_full(s), 64, t * BN, h, b);
+        tma_load_tile(k_buf(s), L::kHalfKV, maps.k, k_full(s), t * BN, h, b);
       } else {
         mbar_arrive(k_full(s));
       }
       mbar_wait(v_empty(s), freed);
       if (lane == 0) {
         mbar_arrive_expect_tx(v_full(s), L::kTileKV);
-        tma_load_half(v_buf(s), maps.v, v_full(s), 0, t * BN, h, b);
-        tma_load_half(v_buf(s) + L::kHalfKV, maps.v, v_full(s), 64, t * BN, h, b);
+        tma_load_tile(v_buf(s), L::kHalfKV, maps.v, v_full(s), t * BN, h, b);
       }
     }
     return;

@@ -132,5 +132,12 @@ inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int 
 }
 #endif  // TSCALE_ATTENTION_EMULATE
 
+// Rows [row, row + box rows) x all 128 head dims of (b, h): both swizzled halves, the second `half_bytes` after `dst`.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, uint32_t half_bytes, const TileMap& map, uint32_t bar,
+                                              int row, int h, int b) {
+  tma_load_half(dst, map, bar, 0, row, h, b);
+  tma_load_half(dst + half_bytes, map, bar, 64, row, h, b);
+}
+
 }  // namespace
 }  // namespace tscale::attn

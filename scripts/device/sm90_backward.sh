@@ -6,9 +6,10 @@
 #
 # Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-TMA-ROUND.{json,log} for each of VARIANTS
 # (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA]], TMA the value of TSCALE_ATTENTION_SM90_BWD_TMA, auto
-# when left out) in each of ROUNDS rounds (default 1), each step as it ends. SEQ overrides the lengths profiled (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after
-# the profiles, TESTS_K narrows them (a pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of
-# HEADLINE_VARIANTS (the op's own forward choice): OUT_DIR/headline-KERNEL-WGS/attention_kernel.json and .log.
+# when left out) in each of ROUNDS rounds (default 1), each step as it ends. SEQ overrides the lengths profiled
+# (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after the profiles, TESTS_K narrows them (a
+# pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own
+# forward choice): OUT_DIR/headline-KERNEL-WGS-TMA/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
@@ -31,7 +32,8 @@ for round in $(seq "${ROUNDS:-1}"); do
     split_variant "$variant"
     name="$kernel-$wgs-$tma-$round"
     TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_TMA=$tma \
-      timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
+      timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
+      --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
     echo "profile $kernel wgs $wgs tma $tma round $round: exit $?"
     grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name.log" | cut -c1-100
   done
@@ -40,10 +42,10 @@ done
 if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
     split_variant "$variant"
-    dir="$OUT/headline-$kernel-$wgs"; mkdir -p "$dir"
+    dir="$OUT/headline-$kernel-$wgs-$tma"; mkdir -p "$dir"
     TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_TMA=$tma \
       timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
-    echo "attention_kernel with the $kernel backward, wgs $wgs: exit $?"
+    echo "attention_kernel with the $kernel backward, wgs $wgs, tma $tma: exit $?"
     grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$dir/attention_kernel.log"
   done
 fi
