@@ -48,6 +48,18 @@ def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
 
 
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV-DQ_N": warpgroups a block, Q and dO by TMA or cp.async, dV issued
+# as soon as P^T is formed or with dK, dQ in one m64n128 product or one per head-dim half.
+HOPPER_BACKWARD_FORMS = ["1-0-0-64", "2-0-0-64", "1-1-0-64", "2-1-0-64", "1-1-1-64", "2-1-1-64", "1-1-0-128",
+                         "1-1-1-128", "1-0-1-128"]
+
+
+def _set_backward_form(form: str, monkeypatch) -> None:
+    """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
+    for name, value in zip(("WGS", "TMA", "EARLY_DV", "DQ_N"), form.split("-")):
+        monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
+
+
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -140,19 +152,17 @@ def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch
 
 @pytest.mark.cuda
 @needs_kernel
-@pytest.mark.parametrize("form", ["1-0", "2-0", "1-1", "2-1"])  # warpgroups - Q and dO by TMA
+@pytest.mark.parametrize("form", HOPPER_BACKWARD_FORMS)
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 16, 128, 300])
 def test_hopper_backward_matches_reference(window, layout, sink, form, monkeypatch):
-    """The sm_90a backward main kernel (TSCALE_ATTENTION_BWD_KERNEL=sm90), one or two warpgroups a block, Q and dO
-    loaded by cp.async or TMA, after the op's own forward."""
+    """The sm_90a backward main kernel (TSCALE_ATTENTION_BWD_KERNEL=sm90) in each form, after the op's own
+    forward."""
     if not _hopper():
         pytest.skip("the Hopper backward needs an sm_90 GPU")
-    wgs, tma = form.split("-")
     monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "sm90")
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", wgs)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_TMA", tma)
+    _set_backward_form(form, monkeypatch)
     _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 2, device="cuda"), window=window, sink=sink)
 
 
@@ -349,16 +359,15 @@ def test_emulated_hopper_forward_matches_reference(emu, case, copy_mode, fwd, mo
         _assert_close(name, a, b)
 
 
-@pytest.mark.parametrize("form", ["1-0", "2-0", "1-1", "2-1"])  # warpgroups - Q and dO by TMA
+@pytest.mark.parametrize("form", HOPPER_BACKWARD_FORMS)
 @pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and TMA loads land at random times / early / late
 @pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode, form, monkeypatch):
     """The sm_90a backward main kernel's source (wgmma: S^T, dP^T, dV, dK and dQ products) between the sm_80 delta and
-    dq kernels, emulated with one or two warpgroups a block, Q and dO loaded by cp.async or TMA, fed the sm_80
-    forward's output and logsumexp: dq, dk, dv against the reference."""
-    wgs, tma = form.split("-")
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", wgs)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_TMA", tma)
+    dq kernels, emulated in each form, fed the sm_80 forward's output and logsumexp: dq, dk, dv against the
+    reference. With copy_mode 2 a product lands only at the wait that retires it, so an operand or accumulator
+    touched before then changes the result."""
+    _set_backward_form(form, monkeypatch)
     q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
     out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
     grads = emu.bwd_sm90(do, q, k, v, out, lse, docs32, kw["window"], kw["scale"])
@@ -434,7 +443,8 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1")])
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1"),
+                                               ("DQ_N", "64, 128")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")

@@ -62,10 +62,11 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
+  static_assert(!DQ_WHOLE || WGS == 1, "dQ in one product: one warpgroup a block");
   using L = Sm90BwdLayout<WGS>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
@@ -202,8 +203,22 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
           if (!ok) pv = 0.f;
         }
         s[4 * j + e] = pv;
-        dp[4 * j + e] = pv * (dp[4 * j + e] - delta_t[qc]);
       }
+    }
+    uint32_t pa[4][4], da[4][4];  // P^T and dS^T as bf16 A operands, one per k-step of 16 queries
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      acc_to_a(pa[ks], *reinterpret_cast<const float(*)[4]>(&s[8 * ks]), *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]));
+    if constexpr (EARLY_DV) {  // dV += P^T dO runs while dS^T is formed
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
+      wgmma_commit();
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_t[t4 * 2 + j * 8 + (e & 1)]);
     }
     // dS^T as bf16 into its swizzled tile (key row kr, query columns 8 j..8 j + 7 in chunk j), for dQ.
 #pragma unroll
@@ -213,44 +228,64 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       for (int j = 0; j < 8; ++j)
         st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4, pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
     }
-    uint32_t pa[4][4], da[4][4];  // P^T and dS^T as bf16 A operands, one per k-step of 16 queries
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      acc_to_a(pa[ks], *reinterpret_cast<const float(*)[4]>(&s[8 * ks]), *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]));
+    for (int ks = 0; ks < 4; ++ks)
       acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+    if constexpr (EARLY_DV) {  // dV is done by now: its A operand's registers are free for dQ's accumulators
+      wgmma_wait<0>();
+      fence_registers(dv);
+      fence_registers(pa);
     }
     fence_proxy_async();
     __syncthreads();  // dS^T complete for every warp's products
 
     wgmma_fence();
+    if constexpr (!EARLY_DV) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
+    }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
     wgmma_commit();
 
     // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
-    // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile), one head-dim half of 64 at a time: both
-    // in turn with one warpgroup, half wg with two. Warp w holds query rows q0 + 16 w.. of it. Fragment-order
-    // dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
+    // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile). Warp w holds query rows q0 + 16 w.. of
+    // it. Fragment-order dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
     float* blk = dqa + static_cast<int64_t>(q0 / 16 + warp) * 16 * 128;
-#pragma unroll
-    for (int hh = 0; hh < 2 / WGS; ++hh) {
-      const int half = WGS == 1 ? hh : wg;
-      float dq[32];
+    if constexpr (DQ_WHOLE) {  // one warpgroup: all 128 head dims in one product
+      float dq[64];
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4 * WGS; ++ks)
-        wgmma_ss_n64_tt(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
-                        sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048, L::kHalf,
-                                   1024), ks > 0);
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss_n128_tt(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
+                         sw128_desc(k_all + ks * 2048, L::kHalf, 1024), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();  // (the first also retires the dV and dK products)
+      wgmma_wait<0>();  // (also retires the dV and dK products)
       fence_registers(dq);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 16; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
+        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + j * 128 + e * 32 + lane, dq[4 * j + e]);
+      }
+    } else {  // one head-dim half of 64 at a time: both in turn with one warpgroup, half wg with two
+#pragma unroll
+      for (int hh = 0; hh < 2 / WGS; ++hh) {
+        const int half = WGS == 1 ? hh : wg;
+        float dq[32];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4 * WGS; ++ks)
+          wgmma_ss_n64_tt(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
+                          sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048,
+                                     L::kHalf, 1024), ks > 0);
+        wgmma_commit();
+        wgmma_wait<0>();  // (the first also retires the dV and dK products)
+        fence_registers(dq);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
+        }
       }
     }
     fence_registers(dv);
@@ -277,7 +312,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -285,31 +320,59 @@ void launch_bwd_sm90_main(const BwdCall& c) {
                                                make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
                                  : Sm90BwdMaps{};
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q>, grid, dim3(L::kThreads), L::kBytes, p,
-                maps);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV, DQ_WHOLE>, grid, dim3(L::kThreads),
+                L::kBytes, p, maps);
 }
 
-// Warpgroups a block of the main kernel: TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks
-// a multiprocessor) | 2 (147 KiB: one block of 128-key tiles) | auto (default: 1). Measured on the H200
-// (docs/BENCHMARKS.md "The Hopper backward's loads by TMA"): one warpgroup with TMA loads took 1.54 ms at T 4096
-// causal, one or two with cp.async 1.74 (two with TMA loads were not timed alone), and one with TMA was the fastest
-// on every mask and length measured.
-inline int sm90_backward_warpgroups() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1); }
+// The main kernel's form, from the environment (each setting takes `auto`, its default):
+//   TSCALE_ATTENTION_SM90_BWD_WGS = 1 (107 KiB of shared memory: two blocks a multiprocessor) | 2 (147 KiB: one
+//     block of 128-key tiles); default 1. Measured on the H200 (docs/BENCHMARKS.md "The Hopper backward's loads by
+//     TMA"): one warpgroup with TMA loads took 1.54 ms at T 4096 causal, one or two with cp.async 1.74, and one with
+//     TMA was the fastest on every mask and length measured.
+//   TSCALE_ATTENTION_SM90_BWD_TMA = 1 (Q and dO by the TMA unit, issued by one thread) | 0 (cp.async from every
+//     thread); default 1 (6-12% faster on every mask and length measured).
+//   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
+//     (issued with dK after the block's wait on dS^T); default 0.
+//   TSCALE_ATTENTION_SM90_BWD_DQ_N = 128 (dQ of a step in one m64n128 product and one wait; one warpgroup only) | 64
+//     (a product per head-dim half); default 64.
+struct Sm90BwdForm {
+  int wgs;
+  bool tma, early_dv, dq_whole;
+};
 
-// How the main kernel loads Q and dO: TSCALE_ATTENTION_SM90_BWD_TMA = 1 (the TMA unit, issued by one thread) | 0
-// (cp.async from every thread) | auto (default: 1; 6-12% faster on every mask and length measured).
-inline bool sm90_backward_tma() { return sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1; }
+inline Sm90BwdForm sm90_backward_form() {
+  Sm90BwdForm f;
+  f.wgs = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1);
+  f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1;
+  f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 0) == 1;
+  f.dq_whole = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_N", {64, 128}, 64) == 128;
+  TORCH_CHECK(!f.dq_whole || f.wgs == 1,
+              "TSCALE_ATTENTION_SM90_BWD_DQ_N=128 needs one warpgroup a block (TSCALE_ATTENTION_SM90_BWD_WGS=1)");
+  return f;
+}
+
+template <int WGS, int MIN_BLOCKS, bool TMA_Q>
+void launch_bwd_sm90_scheduled(const BwdCall& c, const Sm90BwdForm& f) {
+  if constexpr (WGS == 1) {
+    if (f.dq_whole) {
+      f.early_dv ? launch_bwd_sm90_main<1, MIN_BLOCKS, TMA_Q, true, true>(c)
+                 : launch_bwd_sm90_main<1, MIN_BLOCKS, TMA_Q, false, true>(c);
+      return;
+    }
+  }
+  f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, true, false>(c)
+             : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, false, false>(c);
+}
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
-  const int wgs = sm90_backward_warpgroups();
-  const bool tma = sm90_backward_tma();
+  const Sm90BwdForm f = sm90_backward_form();
   launch_bwd_delta<128>(c);
-  if (wgs == 1)
-    tma ? launch_bwd_sm90_main<1, 2, true>(c) : launch_bwd_sm90_main<1, 2, false>(c);
+  if (f.wgs == 1)
+    f.tma ? launch_bwd_sm90_scheduled<1, 2, true>(c, f) : launch_bwd_sm90_scheduled<1, 2, false>(c, f);
   else
-    tma ? launch_bwd_sm90_main<2, 1, true>(c) : launch_bwd_sm90_main<2, 1, false>(c);
+    f.tma ? launch_bwd_sm90_scheduled<2, 1, true>(c, f) : launch_bwd_sm90_scheduled<2, 1, false>(c, f);
   launch_bwd_dq<128>(c);
 }
 

@@ -4,48 +4,53 @@
 #
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-KERNEL-WGS-TMA-ROUND.{json,log} for each of VARIANTS
-# (default "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA]], TMA the value of TSCALE_ATTENTION_SM90_BWD_TMA, auto
-# when left out) in each of ROUNDS rounds (default 1), each step as it ends. SEQ overrides the lengths profiled
+# Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-VARIANT-ROUND.{json,log} for each of VARIANTS (default
+# "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA[:EARLY_DV[:DQ_N]]]], the last three the values of
+# TSCALE_ATTENTION_SM90_BWD_TMA, _EARLY_DV and _DQ_N, auto when left out, and VARIANT the same joined by dashes) in
+# each of ROUNDS rounds (default 1), each step as it ends. SEQ overrides the lengths profiled
 # (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after the profiles, TESTS_K narrows them (a
 # pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own
-# forward choice): OUT_DIR/headline-KERNEL-WGS-TMA/attention_kernel.json and .log.
+# forward choice): OUT_DIR/headline-VARIANT/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
 source scripts/device/setup_env.sh "$OUT" || exit 1
 run_tests() {
-  TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tests/test_attention_kernel.py \
+  # (without the settings a variant exported: the tests choose their own)
+  env -u TSCALE_ATTENTION_BWD_KERNEL -u TSCALE_ATTENTION_SM90_BWD_WGS -u TSCALE_ATTENTION_SM90_BWD_TMA \
+    -u TSCALE_ATTENTION_SM90_BWD_EARLY_DV -u TSCALE_ATTENTION_SM90_BWD_DQ_N \
+    TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tests/test_attention_kernel.py \
     -k "hopper_backward${TESTS_K:+ and ($TESTS_K)}" > "$OUT/tests.log" 2>&1
   echo "tests: $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
 }
 [ "${TESTS:-1}" = 1 ] && run_tests
-# A variant is KERNEL[:WGS[:TMA]]: the backward kernel and, for sm90, its warpgroups per block (1 when left out) and
-# whether its Q and dO come by TMA (the op's default when left out).
+# A variant is KERNEL[:WGS[:TMA[:EARLY_DV[:DQ_N]]]]: the backward kernel and, for sm90, its warpgroups per block (1
+# when left out), whether its Q and dO come by TMA, whether dV is issued early and dQ's product width (the op's
+# defaults when left out). Sets the settings' variables and `name`.
 split_variant() {
-  IFS=: read -r kernel wgs tma <<< "$1"
-  wgs=${wgs:-1} tma=${tma:-auto}
+  IFS=: read -r kernel wgs tma early dqn <<< "$1"
+  export TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=${wgs:-1} \
+    TSCALE_ATTENTION_SM90_BWD_TMA=${tma:-auto} TSCALE_ATTENTION_SM90_BWD_EARLY_DV=${early:-auto} \
+    TSCALE_ATTENTION_SM90_BWD_DQ_N=${dqn:-auto}
+  name=$kernel-${wgs:-1}-${tma:-auto}-${early:-auto}-${dqn:-auto}
 }
 for round in $(seq "${ROUNDS:-1}"); do
   for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
     split_variant "$variant"
-    name="$kernel-$wgs-$tma-$round"
-    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_TMA=$tma \
-      timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
-      --out "$OUT/profile-bwd-$name.json" > "$OUT/profile-bwd-$name.log" 2>&1
-    echo "profile $kernel wgs $wgs tma $tma round $round: exit $?"
-    grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name.log" | cut -c1-100
+    timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
+      --out "$OUT/profile-bwd-$name-$round.json" > "$OUT/profile-bwd-$name-$round.log" 2>&1
+    echo "profile $name round $round: exit $?"
+    grep -E "^T|attention_bwd_(sm90_)?kernel" "$OUT/profile-bwd-$name-$round.log" | cut -c1-100
   done
 done
 [ "${TESTS:-1}" = last ] && run_tests
 if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
     split_variant "$variant"
-    dir="$OUT/headline-$kernel-$wgs-$tma"; mkdir -p "$dir"
-    TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=$wgs TSCALE_ATTENTION_SM90_BWD_TMA=$tma \
-      timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
-    echo "attention_kernel with the $kernel backward, wgs $wgs, tma $tma: exit $?"
+    dir="$OUT/headline-$name"; mkdir -p "$dir"
+    timeout "$(left)" python3 scripts/bench/attention_kernel.py --out-dir "$dir" > "$dir/attention_kernel.log" 2>&1
+    echo "attention_kernel with the backward $name: exit $?"
     grep -E "^ *[0-9]+ +[0-9]+ +(causal|local)|speedup|ratio" "$dir/attention_kernel.log"
   done
 fi

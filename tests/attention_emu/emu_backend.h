@@ -358,6 +358,10 @@ inline void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, in
   wgmma_issue<64>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, true, true);
 }
 
+inline void wgmma_ss_n128_tt(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  wgmma_issue<128>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, true, true);
+}
+
 inline void wgmma_commit() {
   emu::warpgroup_collective(8, nullptr, nullptr, [](emu::Fiber**, int wg) {
     emu::rt().wgmma[wg].commit();
