@@ -228,9 +228,11 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       for (int j = 0; j < 8; ++j)
         st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4, pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
     }
+    if constexpr (!DQ_WHOLE) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+      for (int ks = 0; ks < 4; ++ks)
+        acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+    }
     if constexpr (EARLY_DV) {  // dV is done by now: its A operand's registers are free for dQ's accumulators
       wgmma_wait<0>();
       fence_registers(dv);
@@ -244,8 +246,14 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
     }
+    if constexpr (DQ_WHOLE) {  // dS^T from shared memory (K-major, k-steps of 16 queries): no registers held for it
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss_n128_tb(dk, sw128_desc(ds_s + ks * 32, 16, 1024), sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+    }
     wgmma_commit();
 
     // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
@@ -290,8 +298,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     }
     fence_registers(dv);
     fence_registers(dk);
-    fence_registers(pa);
-    fence_registers(da);
+    if constexpr (!EARLY_DV) fence_registers(pa);
+    if constexpr (!DQ_WHOLE) fence_registers(da);
     i = ni;
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
@@ -333,8 +341,9 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     thread); default 1 (6-12% faster on every mask and length measured).
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 0.
-//   TSCALE_ATTENTION_SM90_BWD_DQ_N = 128 (dQ of a step in one m64n128 product and one wait; one warpgroup only) | 64
-//     (a product per head-dim half); default 64.
+//   TSCALE_ATTENTION_SM90_BWD_DQ_N = 128 (dQ of a step in one m64n128 product and one wait, one warpgroup only; dK
+//     then reads dS^T from shared memory, which frees the registers dQ's accumulators need) | 64 (a product per
+//     head-dim half); default 64.
 struct Sm90BwdForm {
   int wgs;
   bool tma, early_dv, dq_whole;

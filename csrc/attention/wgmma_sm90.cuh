@@ -154,6 +154,18 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t 
 #endif
 }
 
+// d (64 x 128 fp32) += A B: A (64 x 16 bf16) K-major in shared memory, B (16 x 128 bf16) MN-major in shared memory
+// (read transposed).
+__device__ __forceinline__ void wgmma_ss_n128_tb(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+#ifdef TSCALE_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TSCALE_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : TSCALE_F32(0), TSCALE_F32(32)
+      : "l"(a_desc), "l"(b_desc), "r"(1));
+#endif
+}
+
 // d (64 x 64 fp32) = A B (+ d when accumulate): A (64 x 16) and B (16 x 64) bf16 in shared memory, both MN-major
 // (read transposed: A stored [k][m], B stored [k][n]).
 __device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {

@@ -354,6 +354,10 @@ inline void wgmma_rs_n128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t b_
   wgmma_issue<128>(WgmmaOperands{d, a, 0, b_desc, 1}, false, true);
 }
 
+inline void wgmma_ss_n128_tb(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+  wgmma_issue<128>(WgmmaOperands{d, nullptr, a_desc, b_desc, 1}, false, true);
+}
+
 inline void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
   wgmma_issue<64>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, true, true);
 }
