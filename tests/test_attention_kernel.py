@@ -48,15 +48,16 @@ def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
 
 
-# The Hopper backward's forms, "WGS-TMA-EARLY_DV-DQ_N": warpgroups a block, Q and dO by TMA or cp.async, dV issued
-# as soon as P^T is formed or with dK, dQ in one m64n128 product or one per head-dim half.
-HOPPER_BACKWARD_FORMS = ["1-0-0-64", "2-0-0-64", "1-1-0-64", "2-1-0-64", "1-1-1-64", "2-1-1-64", "1-1-0-128",
-                         "1-1-1-128", "1-0-1-128"]
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV-DQ_N-DQ_VEC": warpgroups a block, Q and dO by TMA or cp.async, dV
+# issued as soon as P^T is formed or with dK, dQ in one m64n128 product or one per head-dim half, dQ added by
+# 16-byte vector reductions or one float at a time.
+HOPPER_BACKWARD_FORMS = ["1-0-0-64-1", "2-0-0-64-1", "1-1-0-64-1", "2-1-0-64-1", "1-1-1-64-1", "2-1-1-64-4",
+                         "1-1-0-128-1", "1-1-1-128-4", "1-1-0-64-4"]
 
 
 def _set_backward_form(form: str, monkeypatch) -> None:
     """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
-    for name, value in zip(("WGS", "TMA", "EARLY_DV", "DQ_N"), form.split("-")):
+    for name, value in zip(("WGS", "TMA", "EARLY_DV", "DQ_N", "DQ_VEC"), form.split("-")):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 
 
@@ -444,7 +445,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
 
 
 @pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1"),
-                                               ("DQ_N", "64, 128")])
+                                               ("DQ_N", "64, 128"), ("DQ_VEC", "1, 4")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")
@@ -452,6 +453,18 @@ def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, 
     name = f"TSCALE_ATTENTION_SM90_BWD_{variable}"
     monkeypatch.setenv(name, "3")
     with pytest.raises(RuntimeError, match=f"{name} must be one of auto, {allowed}; got '3'"):
+        emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
+
+
+@pytest.mark.parametrize("form, message", [("2-1-0-128-1", "DQ_N=128 needs one warpgroup"),
+                                           ("1-0-1-64-1", "need TMA loads"), ("1-0-0-64-4", "need TMA loads")])
+def test_emulated_hopper_backward_rejects_impossible_forms(emu, monkeypatch, form, message):
+    """Settings that exist only together (dQ in one product with one warpgroup, the schedules with TMA loads) say
+    which setting needs which."""
+    q, k, v, do, _ = _case(1, 1, 64, 128, "none")
+    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
+    _set_backward_form(form, monkeypatch)
+    with pytest.raises(RuntimeError, match=message):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
 
 

@@ -313,9 +313,10 @@ struct DqLayout {
 
 // dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back in the fragment order the backward
 // kernel accumulated it in. One warp per 16-row strip of one (b, h): each 16 x 8 fragment block is 128 floats in
-// a row (c0..c3 of the 32 lanes), read as four coalesced 128-byte loads and staged in shared memory, so that the
+// a row, element c of lane l at c * 32 + l (four coalesced 128-byte loads), or with LANE_VEC4 at 4 l + c (one
+// 16-byte load a lane, the order of the Hopper kernel's vector reductions), staged in shared memory, so that the
 // rows leave as 16-byte stores, whole rows at a time.
-template <int D>
+template <int D, bool LANE_VEC4>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
   constexpr int P = DqLayout<D>::kPitch;
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
@@ -326,13 +327,20 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
   const int64_t bh = strip / strips;
   const int row0 = static_cast<int>(strip - bh * strips) * 16;
   const uint32_t stage = smem_addr(smem) + warp * 16 * P * 2;  // (16, P) bf16
-  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D + lane;  // the strip's D / 8 fragment blocks
+  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D;  // the strip's D / 8 fragment blocks
 #pragma unroll 4
   for (int j = 0; j < D / 8; ++j) {
-    const float* f = blk + j * 128;
+    float c[4];
+    if constexpr (LANE_VEC4) {
+      const float4 f = *reinterpret_cast<const float4*>(blk + j * 128 + lane * 4);
+      c[0] = f.x, c[1] = f.y, c[2] = f.z, c[3] = f.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[e] = blk[j * 128 + e * 32 + lane];
+    }
     const uint32_t at = stage + (g * P + j * 8 + t4 * 2) * 2;
-    st_shared_u32(at, pack_bf16(f[0] * p.scale, f[32] * p.scale));
-    st_shared_u32(at + 8 * P * 2, pack_bf16(f[64] * p.scale, f[96] * p.scale));
+    st_shared_u32(at, pack_bf16(c[0] * p.scale, c[1] * p.scale));
+    st_shared_u32(at + 8 * P * 2, pack_bf16(c[2] * p.scale, c[3] * p.scale));
   }
   warp_sync();
   store_rows<D>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h, p.sg.t, row0, stage, imin(16, p.T - row0), lane);
@@ -424,9 +432,9 @@ inline void launch_bwd_delta(const BwdCall& c) {
   launch_kernel(attention_bwd_delta_kernel<D>, dim3(static_cast<unsigned>(c.delta_blocks)), dim3(kThreads), 0, c.p);
 }
 
-template <int D>
+template <int D, bool LANE_VEC4 = false>
 inline void launch_bwd_dq(const BwdCall& c) {
-  launch_kernel(attention_bwd_dq_kernel<D>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
+  launch_kernel(attention_bwd_dq_kernel<D, LANE_VEC4>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
                 c.p);
 }
 

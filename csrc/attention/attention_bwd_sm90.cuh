@@ -18,6 +18,8 @@
 // Two warpgroups halve the query-tile loads and the dq_accum atomics per key.
 #pragma once
 
+#include <type_traits>
+
 #include "attention_bwd.cuh"
 #include "tma_sm90.cuh"
 #include "wgmma_sm90.cuh"
@@ -62,7 +64,22 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE>
+// Adds a warp's 16 x 8 fragment block of dQ (d[0..3] of every lane, the accumulator order) into its 128 floats of
+// dq_accum at `blk`: element e of lane l at e * 32 + l (four 128-byte reductions a warp), or with VEC4 at 4 l + e
+// (one 16-byte reduction a lane; attention_bwd_dq_kernel's LANE_VEC4 order).
+template <bool VEC4>
+__device__ __forceinline__ void add_dq_block(float* blk, float d0, float d1, float d2, float d3, int lane) {
+  if constexpr (VEC4) {
+    red_add_v4_f32(blk + lane * 4, make_float4(d0, d1, d2, d3));
+  } else {
+    atomic_add_f32(blk + lane, d0);
+    atomic_add_f32(blk + 32 + lane, d1);
+    atomic_add_f32(blk + 64 + lane, d2);
+    atomic_add_f32(blk + 96 + lane, d3);
+  }
+}
+
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE, bool DQ_VEC4>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
@@ -271,10 +288,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       wgmma_wait<0>();  // (also retires the dV and dK products)
       fence_registers(dq);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + j * 128 + e * 32 + lane, dq[4 * j + e]);
-      }
+      for (int j = 0; j < 16; ++j)
+        add_dq_block<DQ_VEC4>(blk + j * 128, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3], lane);
     } else {  // one head-dim half of 64 at a time: both in turn with one warpgroup, half wg with two
 #pragma unroll
       for (int hh = 0; hh < 2 / WGS; ++hh) {
@@ -290,10 +305,9 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
         wgmma_wait<0>();  // (the first also retires the dV and dK products)
         fence_registers(dq);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
-        }
+        for (int j = 0; j < 8; ++j)
+          add_dq_block<DQ_VEC4>(blk + (half * 8 + j) * 128, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3],
+                                lane);
       }
     }
     fence_registers(dv);
@@ -320,7 +334,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE, bool DQ_VEC4>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -328,8 +342,8 @@ void launch_bwd_sm90_main(const BwdCall& c) {
                                                make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
                                  : Sm90BwdMaps{};
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV, DQ_WHOLE>, grid, dim3(L::kThreads),
-                L::kBytes, p, maps);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV, DQ_WHOLE, DQ_VEC4>, grid,
+                dim3(L::kThreads), L::kBytes, p, maps);
 }
 
 // The main kernel's form, from the environment (each setting takes `auto`, its default):
@@ -339,14 +353,17 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     TMA was the fastest on every mask and length measured.
 //   TSCALE_ATTENTION_SM90_BWD_TMA = 1 (Q and dO by the TMA unit, issued by one thread) | 0 (cp.async from every
 //     thread); default 1 (6-12% faster on every mask and length measured).
+// With TMA loads, the step's schedule:
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 0.
 //   TSCALE_ATTENTION_SM90_BWD_DQ_N = 128 (dQ of a step in one m64n128 product and one wait, one warpgroup only; dK
 //     then reads dS^T from shared memory, which frees the registers dQ's accumulators need) | 64 (a product per
 //     head-dim half); default 64.
+//   TSCALE_ATTENTION_SM90_BWD_DQ_VEC = 4 (dQ added to dq_accum by 16-byte vector reductions, a quarter of the
+//     instructions) | 1 (one float an atomic); default 1.
 struct Sm90BwdForm {
   int wgs;
-  bool tma, early_dv, dq_whole;
+  bool tma, early_dv, dq_whole, dq_vec4;
 };
 
 inline Sm90BwdForm sm90_backward_form() {
@@ -355,22 +372,31 @@ inline Sm90BwdForm sm90_backward_form() {
   f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1;
   f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 0) == 1;
   f.dq_whole = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_N", {64, 128}, 64) == 128;
+  f.dq_vec4 = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_VEC", {1, 4}, 1) == 4;
   TORCH_CHECK(!f.dq_whole || f.wgs == 1,
               "TSCALE_ATTENTION_SM90_BWD_DQ_N=128 needs one warpgroup a block (TSCALE_ATTENTION_SM90_BWD_WGS=1)");
+  TORCH_CHECK(f.tma || !(f.early_dv || f.dq_whole || f.dq_vec4),
+              "TSCALE_ATTENTION_SM90_BWD_EARLY_DV, _DQ_N and _DQ_VEC need TMA loads (TSCALE_ATTENTION_SM90_BWD_TMA=1)");
   return f;
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q>
+// The TMA-loading kernel in the schedule `f` asks for.
+template <int WGS, int MIN_BLOCKS>
 void launch_bwd_sm90_scheduled(const BwdCall& c, const Sm90BwdForm& f) {
+  auto with_vec = [&](auto early, auto whole) {
+    constexpr bool kEarly = decltype(early)::value, kWhole = decltype(whole)::value;
+    f.dq_vec4 ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, kEarly, kWhole, true>(c)
+              : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, kEarly, kWhole, false>(c);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
   if constexpr (WGS == 1) {
     if (f.dq_whole) {
-      f.early_dv ? launch_bwd_sm90_main<1, MIN_BLOCKS, TMA_Q, true, true>(c)
-                 : launch_bwd_sm90_main<1, MIN_BLOCKS, TMA_Q, false, true>(c);
+      f.early_dv ? with_vec(T{}, T{}) : with_vec(F{}, T{});
       return;
     }
   }
-  f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, true, false>(c)
-             : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, false, false>(c);
+  f.early_dv ? with_vec(T{}, F{}) : with_vec(F{}, F{});
 }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
@@ -378,11 +404,12 @@ inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
   const Sm90BwdForm f = sm90_backward_form();
   launch_bwd_delta<128>(c);
-  if (f.wgs == 1)
-    f.tma ? launch_bwd_sm90_scheduled<1, 2, true>(c, f) : launch_bwd_sm90_scheduled<1, 2, false>(c, f);
+  if (!f.tma)
+    f.wgs == 1 ? launch_bwd_sm90_main<1, 2, false, false, false, false>(c)
+               : launch_bwd_sm90_main<2, 1, false, false, false, false>(c);
   else
-    f.tma ? launch_bwd_sm90_scheduled<2, 1, true>(c, f) : launch_bwd_sm90_scheduled<2, 1, false>(c, f);
-  launch_bwd_dq<128>(c);
+    f.wgs == 1 ? launch_bwd_sm90_scheduled<1, 2>(c, f) : launch_bwd_sm90_scheduled<2, 1>(c, f);
+  f.dq_vec4 ? launch_bwd_dq<128, true>(c) : launch_bwd_dq<128, false>(c);
 }
 
 }  // namespace
