@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
-  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile(p.tile_major);
+  const int kt = bt.tile, h = bt.h, b = bt.b;
   const int k0 = kt * kTile;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
@@ -413,6 +414,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  p.tile_major = attention_tile_major();
   if (c.docs.defined()) {
     c.stats = doc_stats(c.docs, B, T, p.n_stat);
     p.doc = c.docs.data_ptr<int32_t>();
@@ -440,7 +442,7 @@ inline void launch_bwd_dq(const BwdCall& c) {
 
 // The three kernels with the sm_80 main kernel (mma.sync), for either head dim.
 inline void launch_bwd_mma(const BwdCall& c) {
-  const dim3 grid(c.n_tiles, c.p.H, c.p.B);
+  const dim3 grid = tile_grid(c.n_tiles, c.p.H, c.p.B, c.p.tile_major);
   if (c.p.D == 64) {
     launch_bwd_delta<64>(c);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, c.p);

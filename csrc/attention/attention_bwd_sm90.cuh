@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
   const int T = p.T, window = p.window;
-  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile(p.tile_major);
+  const int kt = bt.tile, h = bt.h, b = bt.b;
   const int k0 = kt * L::kKeys, kw0 = k0 + wg * 64;  // the block's and this warpgroup's first key
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
@@ -341,7 +342,7 @@ void launch_bwd_sm90_main(const BwdCall& c) {
   const Sm90BwdMaps maps = TMA_Q ? Sm90BwdMaps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, 64),
                                                make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
                                  : Sm90BwdMaps{};
-  const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
+  const dim3 grid = tile_grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B, p.tile_major);
   launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV, DQ_WHOLE, DQ_VEC4>, grid,
                 dim3(L::kThreads), L::kBytes, p, maps);
 }

@@ -2,7 +2,7 @@
 
     python scripts/bench/attention_ab_summary.py OUT_DIR [--out OUT_DIR/ab_summary.json]
 
-Reads what scripts/device/attention_ab.sh leaves in OUT_DIR: profile-<tree>-<round>.json (attention_profile.py: GPU
+Reads what scripts/device/attention_ab.sh (or sm90_backward.sh) leaves in OUT_DIR: profile-<tree>-<round>.json (attention_profile.py: GPU
 milliseconds per kernel and call, by mask) and model-<tree>/results.json (architecture.py attention: per window
 length, the step's attention time through tscale's path and through SDPA). Writes, per tree, each mask's mean over the rounds of the whole
 call and of its main forward and main backward kernels, in microseconds, and the model's ratios; prints a table.
@@ -18,7 +18,10 @@ from pathlib import Path
 from tscale.fileio import write_json_atomic
 
 PROFILE = re.compile(r"profile-(?P<tree>.+)-(?P<round>\d+)\.json")
-MAIN_KERNELS = {"fwd_us": "attention_fwd_kernel<", "bwd_us": "attention_bwd_kernel<"}
+# The main forward and backward kernels of every family: sm_80 (attention_fwd_kernel, attention_bwd_kernel) and
+# Hopper (attention_fwd_sm90_kernel, attention_fwd_sm90_ws_kernel, attention_bwd_sm90_kernel).
+MAIN_KERNELS = {"fwd_us": re.compile(r"attention_fwd(_sm90)?(_ws)?_kernel<"),
+                "bwd_us": re.compile(r"attention_bwd(_sm90)?_kernel<")}
 
 
 def kernel_summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -27,8 +30,8 @@ def kernel_summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[
     for mask in rounds[0]:
         calls = [r[mask] for r in rounds if mask in r]
         row = {"call_us": statistics.mean(sum(c.values()) for c in calls) * 1e3}
-        for key, prefix in MAIN_KERNELS.items():
-            row[key] = statistics.mean(sum(ms for name, ms in c.items() if prefix in name) for c in calls) * 1e3
+        for key, pattern in MAIN_KERNELS.items():
+            row[key] = statistics.mean(sum(ms for name, ms in c.items() if pattern.search(name)) for c in calls) * 1e3
         out[mask] = {k: round(v, 1) for k, v in row.items()}
     return out
 
