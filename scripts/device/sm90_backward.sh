@@ -46,9 +46,9 @@ for round in $(seq "${ROUNDS:-1}"); do
       --out "$OUT/profile-bwd-$name-$round.json" > "$OUT/profile-bwd-$name-$round.log" 2>&1
     echo "profile $name round $round: exit $?"
   done
+  # after each round, one line a variant, the rounds so far averaged (OUT_DIR/ab_summary.json)
+  [ -n "$(compgen -G "$OUT/profile-bwd-*.json")" ] && python3 scripts/bench/attention_ab_summary.py "$OUT"
 done
-# one line a variant, rounds averaged (OUT_DIR/ab_summary.json)
-[ -n "$(compgen -G "$OUT/profile-bwd-*.json")" ] && python3 scripts/bench/attention_ab_summary.py "$OUT"
 [ "${TESTS:-1}" = last ] && run_tests
 if [ "${HEADLINE:-0}" = 1 ]; then
   for variant in ${HEADLINE_VARIANTS:-mma sm90:1 sm90:2}; do
