@@ -267,7 +267,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     if constexpr (DQ_WHOLE) {  // dS^T from shared memory (K-major, k-steps of 16 queries): no registers held for it
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss_n128_tb(dk, sw128_desc(ds_s + ks * 32, 16, 1024), sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+        wgmma_ss<128, 0, 1>(dk, sw128_desc(ds_s + ks * 32, 16, 1024), sw128_desc(qt_s + ks * 2048, L::kHalf, 1024),
+                            1);
     } else {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
@@ -283,8 +284,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss_n128_tt(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
-                         sw128_desc(k_all + ks * 2048, L::kHalf, 1024), ks > 0);
+        wgmma_ss<128, 1, 1>(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
+                            sw128_desc(k_all + ks * 2048, L::kHalf, 1024), ks > 0);
       wgmma_commit();
       wgmma_wait<0>();  // (also retires the dV and dK products)
       fence_registers(dq);
@@ -299,9 +300,9 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 4 * WGS; ++ks)
-          wgmma_ss_n64_tt(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
-                          sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048,
-                                     L::kHalf, 1024), ks > 0);
+          wgmma_ss<64, 1, 1>(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
+                             sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048,
+                                        L::kHalf, 1024), ks > 0);
         wgmma_commit();
         wgmma_wait<0>();  // (the first also retires the dV and dK products)
         fence_registers(dq);

@@ -119,24 +119,25 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
   TSCALE_F4(i), TSCALE_F4(i + 4), TSCALE_F4(i + 8), TSCALE_F4(i + 12), TSCALE_F4(i + 16), TSCALE_F4(i + 20), \
       TSCALE_F4(i + 24), TSCALE_F4(i + 28)
 
-// d (64 x N fp32, per thread N / 2) = A B (+ d when accumulate): A (64 x 16) and B (16 x N) K-major in shared
-// memory, bf16.
-template <int N>
+// d (64 x N fp32, per thread N / 2) = A B (+ d when accumulate): A (64 x 16) and B (16 x N) bf16 in shared memory,
+// each K-major or, with TRANS_A / TRANS_B, MN-major (read transposed: A stored [k][m], B stored [k][n], N = 128 as
+// two halves of 64, the second the descriptor's leading byte offset on).
+template <int N, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
   static_assert(N == 64 || N == 128, "wgmma_ss: N must be 64 or 128");
 #ifdef TSCALE_SM90A_DEVICE
   if constexpr (N == 64) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TSCALE_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TSCALE_WGMMA_D32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
         : TSCALE_F32(0)
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TSCALE_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TSCALE_WGMMA_D64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
         : TSCALE_F32(0), TSCALE_F32(32)
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
   }
 #endif
 }
@@ -151,42 +152,6 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t 
       ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : TSCALE_F32(0), TSCALE_F32(32)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
-#endif
-}
-
-// d (64 x 128 fp32) += A B: A (64 x 16 bf16) K-major in shared memory, B (16 x 128 bf16) MN-major in shared memory
-// (read transposed).
-__device__ __forceinline__ void wgmma_ss_n128_tb(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TSCALE_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 1;\n}\n"
-      : TSCALE_F32(0), TSCALE_F32(32)
-      : "l"(a_desc), "l"(b_desc), "r"(1));
-#endif
-}
-
-// d (64 x 64 fp32) = A B (+ d when accumulate): A (64 x 16) and B (16 x 64) bf16 in shared memory, both MN-major
-// (read transposed: A stored [k][m], B stored [k][n]).
-__device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TSCALE_WGMMA_D32 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-      : TSCALE_F32(0)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-#endif
-}
-
-// d (64 x 128 fp32) = A B (+ d when accumulate): A (64 x 16) and B (16 x 128) bf16 in shared memory, both MN-major
-// (read transposed: A stored [k][m], B stored [k][n] as two halves of 64, the second `leading` bytes on).
-__device__ __forceinline__ void wgmma_ss_n128_tt(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-#ifdef TSCALE_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TSCALE_WGMMA_D64 ", %64, %65, p, 1, 1, 1, 1;\n}\n"
-      : TSCALE_F32(0), TSCALE_F32(32)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 #endif
 }
 

@@ -353,25 +353,13 @@ inline void wgmma_issue(const WgmmaOperands& ops, bool a_mn_major, bool b_mn_maj
   });
 }
 
-template <int N>
+template <int N, int TRANS_A = 0, int TRANS_B = 0>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  wgmma_issue<N>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, false, false);
+  wgmma_issue<N>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, TRANS_A != 0, TRANS_B != 0);
 }
 
 inline void wgmma_rs_n128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc) {
   wgmma_issue<128>(WgmmaOperands{d, a, 0, b_desc, 1}, false, true);
-}
-
-inline void wgmma_ss_n128_tb(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
-  wgmma_issue<128>(WgmmaOperands{d, nullptr, a_desc, b_desc, 1}, false, true);
-}
-
-inline void wgmma_ss_n64_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  wgmma_issue<64>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, true, true);
-}
-
-inline void wgmma_ss_n128_tt(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  wgmma_issue<128>(WgmmaOperands{d, nullptr, a_desc, b_desc, accumulate}, true, true);
 }
 
 inline void wgmma_commit() {
