@@ -48,16 +48,14 @@ def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
 
 
-# The Hopper backward's forms, "WGS-TMA-EARLY_DV-DQ_N-DQ_VEC": warpgroups a block, Q and dO by TMA or cp.async, dV
-# issued as soon as P^T is formed or with dK, dQ in one m64n128 product or one per head-dim half, dQ added by
-# 16-byte vector reductions or one float at a time.
-HOPPER_BACKWARD_FORMS = ["1-0-0-64-1", "2-0-0-64-1", "1-1-0-64-1", "2-1-0-64-1", "1-1-1-64-1", "2-1-1-64-4",
-                         "1-1-0-128-1", "1-1-1-128-4", "1-1-0-64-4"]
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV": warpgroups a block, Q and dO by TMA or cp.async, dV issued as
+# soon as P^T is formed or with dK.
+HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1"]
 
 
 def _set_backward_form(form: str, monkeypatch) -> None:
     """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
-    for name, value in zip(("WGS", "TMA", "EARLY_DV", "DQ_N", "DQ_VEC"), form.split("-")):
+    for name, value in zip(("WGS", "TMA", "EARLY_DV"), form.split("-")):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 
 
@@ -165,19 +163,6 @@ def test_hopper_backward_matches_reference(window, layout, sink, form, monkeypat
     monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "sm90")
     _set_backward_form(form, monkeypatch)
     _check_kernel(*_case(2, 3, 333, 128, layout, seed=window + 2, device="cuda"), window=window, sink=sink)
-
-
-@pytest.mark.cuda
-@needs_kernel
-@needs_sm80
-@pytest.mark.parametrize("fwd", ["auto", "32-2", "ws-128-2", "sm90-128-2"])
-@pytest.mark.parametrize("window", [0, 128])
-def test_tile_major_order_matches_reference(window, fwd, monkeypatch):
-    """Blocks started tile by tile across heads and batch rows (TSCALE_ATTENTION_TILE_ORDER=1), in each forward
-    and the op's backward."""
-    _set_forward_config(fwd, monkeypatch)
-    monkeypatch.setenv("TSCALE_ATTENTION_TILE_ORDER", "1")
-    _check_kernel(*_case(3, 5, 333, 128, "sparse", seed=window + 9, device="cuda"), window=window, sink=True)
 
 
 @pytest.mark.cuda
@@ -457,8 +442,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1"),
-                                               ("DQ_N", "64, 128"), ("DQ_VEC", "1, 4")])
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")
@@ -467,36 +451,6 @@ def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, 
     monkeypatch.setenv(name, "3")
     with pytest.raises(RuntimeError, match=f"{name} must be one of auto, {allowed}; got '3'"):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
-
-
-@pytest.mark.parametrize("form, message", [("2-1-0-128-1", "DQ_N=128 needs one warpgroup"),
-                                           ("1-0-1-64-1", "need TMA loads"), ("1-0-0-64-4", "need TMA loads")])
-def test_emulated_hopper_backward_rejects_impossible_forms(emu, monkeypatch, form, message):
-    """Settings that exist only together (dQ in one product with one warpgroup, the schedules with TMA loads) say
-    which setting needs which."""
-    q, k, v, do, _ = _case(1, 1, 64, 128, "none")
-    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
-    _set_backward_form(form, monkeypatch)
-    with pytest.raises(RuntimeError, match=message):
-        emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
-
-
-@pytest.mark.parametrize("kernels", ["sm80", "sm90", "sm90_ws"])
-def test_emulated_tile_major_order_matches_reference(emu, kernels, monkeypatch):
-    """TSCALE_ATTENTION_TILE_ORDER=1 starts the blocks tile by tile across heads and batch rows: a grid of (H, B,
-    tiles) that every kernel must map back to the same (tile, head, row). Forward and backward of each family
-    against the reference, with several heads and rows and documents, so a mixed-up index shows."""
-    monkeypatch.setenv("TSCALE_ATTENTION_TILE_ORDER", "1")
-    q, k, v, do, docs32, kw = _emulated_case(emu, (2, 3, 200, 128, 0, "sparse", True), 0)
-    args = (docs32, kw["window"], kw["sink"], kw["scale"])
-    fwd = {"sm80": emu.fwd, "sm90": emu.fwd_sm90, "sm90_ws": emu.fwd_sm90_ws}[kernels]
-    out, lse = fwd(q, k, v, *args)
-    if kernels == "sm90":  # the Hopper backward main kernel after the pipelined Hopper forward
-        grads = emu.bwd_sm90(do, q, k, v, out, lse, docs32, kw["window"], kw["scale"])
-    else:
-        grads = emu.bwd(do, q, k, v, out, lse, *args)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), _reference(q, k, v, do, **kw)):
-        _assert_close(name, a, b)
 
 
 def test_emulated_kernel_strided_inputs(emu):

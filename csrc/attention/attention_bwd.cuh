@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
-  const BlockTile bt = block_tile(p.tile_major);
-  const int kt = bt.tile, h = bt.h, b = bt.b;
+  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = kt * kTile;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
@@ -314,10 +313,9 @@ struct DqLayout {
 
 // dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back in the fragment order the backward
 // kernel accumulated it in. One warp per 16-row strip of one (b, h): each 16 x 8 fragment block is 128 floats in
-// a row, element c of lane l at c * 32 + l (four coalesced 128-byte loads), or with LANE_VEC4 at 4 l + c (one
-// 16-byte load a lane, the order of the Hopper kernel's vector reductions), staged in shared memory, so that the
+// a row (c0..c3 of the 32 lanes), read as four coalesced 128-byte loads and staged in shared memory, so that the
 // rows leave as 16-byte stores, whole rows at a time.
-template <int D, bool LANE_VEC4>
+template <int D>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
   constexpr int P = DqLayout<D>::kPitch;
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
@@ -328,20 +326,13 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
   const int64_t bh = strip / strips;
   const int row0 = static_cast<int>(strip - bh * strips) * 16;
   const uint32_t stage = smem_addr(smem) + warp * 16 * P * 2;  // (16, P) bf16
-  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D;  // the strip's D / 8 fragment blocks
+  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D + lane;  // the strip's D / 8 fragment blocks
 #pragma unroll 4
   for (int j = 0; j < D / 8; ++j) {
-    float c[4];
-    if constexpr (LANE_VEC4) {
-      const float4 f = *reinterpret_cast<const float4*>(blk + j * 128 + lane * 4);
-      c[0] = f.x, c[1] = f.y, c[2] = f.z, c[3] = f.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[e] = blk[j * 128 + e * 32 + lane];
-    }
+    const float* f = blk + j * 128;
     const uint32_t at = stage + (g * P + j * 8 + t4 * 2) * 2;
-    st_shared_u32(at, pack_bf16(c[0] * p.scale, c[1] * p.scale));
-    st_shared_u32(at + 8 * P * 2, pack_bf16(c[2] * p.scale, c[3] * p.scale));
+    st_shared_u32(at, pack_bf16(f[0] * p.scale, f[32] * p.scale));
+    st_shared_u32(at + 8 * P * 2, pack_bf16(f[64] * p.scale, f[96] * p.scale));
   }
   warp_sync();
   store_rows<D>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h, p.sg.t, row0, stage, imin(16, p.T - row0), lane);
@@ -414,7 +405,6 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   p.n_stat = (T + kStatTile - 1) / kStatTile;
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  p.tile_major = attention_tile_major();
   if (c.docs.defined()) {
     c.stats = doc_stats(c.docs, B, T, p.n_stat);
     p.doc = c.docs.data_ptr<int32_t>();
@@ -434,15 +424,15 @@ inline void launch_bwd_delta(const BwdCall& c) {
   launch_kernel(attention_bwd_delta_kernel<D>, dim3(static_cast<unsigned>(c.delta_blocks)), dim3(kThreads), 0, c.p);
 }
 
-template <int D, bool LANE_VEC4 = false>
+template <int D>
 inline void launch_bwd_dq(const BwdCall& c) {
-  launch_kernel(attention_bwd_dq_kernel<D, LANE_VEC4>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
+  launch_kernel(attention_bwd_dq_kernel<D>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
                 c.p);
 }
 
 // The three kernels with the sm_80 main kernel (mma.sync), for either head dim.
 inline void launch_bwd_mma(const BwdCall& c) {
-  const dim3 grid = tile_grid(c.n_tiles, c.p.H, c.p.B, c.p.tile_major);
+  const dim3 grid(c.n_tiles, c.p.H, c.p.B);
   if (c.p.D == 64) {
     launch_bwd_delta<64>(c);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, c.p);

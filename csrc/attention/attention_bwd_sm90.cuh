@@ -9,7 +9,8 @@
 //   S^T = K Q^T, dP^T = V dO^T           wgmma m64n64k16, all operands K-major in shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e) (masked), dS^T = P^T (dP^T - Delta)      (registers)
 //   dV += P^T dO, dK += dS^T Q           wgmma m64n128k16, P^T and dS^T as bf16 register operands, dO and Q
-//                                        read transposed
+//                                        read transposed; with EARLY_DV, dV issued as soon as P^T is formed,
+//                                        so that it runs while dS^T is
 //   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
 //                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
 //                                        half each, over all 128 keys), then fp32 atomics into dq_accum
@@ -17,8 +18,6 @@
 // every thread. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
 // Two warpgroups halve the query-tile loads and the dq_accum atomics per key.
 #pragma once
-
-#include <type_traits>
 
 #include "attention_bwd.cuh"
 #include "tma_sm90.cuh"
@@ -64,26 +63,10 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-// Adds a warp's 16 x 8 fragment block of dQ (d[0..3] of every lane, the accumulator order) into its 128 floats of
-// dq_accum at `blk`: element e of lane l at e * 32 + l (four 128-byte reductions a warp), or with VEC4 at 4 l + e
-// (one 16-byte reduction a lane; attention_bwd_dq_kernel's LANE_VEC4 order).
-template <bool VEC4>
-__device__ __forceinline__ void add_dq_block(float* blk, float d0, float d1, float d2, float d3, int lane) {
-  if constexpr (VEC4) {
-    red_add_v4_f32(blk + lane * 4, make_float4(d0, d1, d2, d3));
-  } else {
-    atomic_add_f32(blk + lane, d0);
-    atomic_add_f32(blk + 32 + lane, d1);
-    atomic_add_f32(blk + 64 + lane, d2);
-    atomic_add_f32(blk + 96 + lane, d3);
-  }
-}
-
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE, bool DQ_VEC4>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
-  static_assert(!DQ_WHOLE || WGS == 1, "dQ in one product: one warpgroup a block");
   using L = Sm90BwdLayout<WGS>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
@@ -102,8 +85,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
   const int T = p.T, window = p.window;
-  const BlockTile bt = block_tile(p.tile_major);
-  const int kt = bt.tile, h = bt.h, b = bt.b;
+  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int k0 = kt * L::kKeys, kw0 = k0 + wg * 64;  // the block's and this warpgroup's first key
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
@@ -246,12 +228,10 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       for (int j = 0; j < 8; ++j)
         st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4, pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
     }
-    if constexpr (!DQ_WHOLE) {
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
-    }
-    if constexpr (EARLY_DV) {  // dV is done by now: its A operand's registers are free for dQ's accumulators
+    for (int ks = 0; ks < 4; ++ks)
+      acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+    if constexpr (EARLY_DV) {  // dV is done by now: its A operand's registers are free
       wgmma_wait<0>();
       fence_registers(dv);
       fence_registers(pa);
@@ -264,58 +244,38 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
     }
-    if constexpr (DQ_WHOLE) {  // dS^T from shared memory (K-major, k-steps of 16 queries): no registers held for it
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss<128, 0, 1>(dk, sw128_desc(ds_s + ks * 32, 16, 1024), sw128_desc(qt_s + ks * 2048, L::kHalf, 1024),
-                            1);
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
-    }
+    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
     wgmma_commit();
 
     // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
-    // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile). Warp w holds query rows q0 + 16 w.. of
-    // it. Fragment-order dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
+    // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile), one head-dim half of 64 at a time: both
+    // in turn with one warpgroup, half wg with two. Warp w holds query rows q0 + 16 w.. of it. Fragment-order
+    // dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
     float* blk = dqa + static_cast<int64_t>(q0 / 16 + warp) * 16 * 128;
-    if constexpr (DQ_WHOLE) {  // one warpgroup: all 128 head dims in one product
-      float dq[64];
+#pragma unroll
+    for (int hh = 0; hh < 2 / WGS; ++hh) {
+      const int half = WGS == 1 ? hh : wg;
+      float dq[32];
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss<128, 1, 1>(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
-                            sw128_desc(k_all + ks * 2048, L::kHalf, 1024), ks > 0);
+      for (int ks = 0; ks < 4 * WGS; ++ks)
+        wgmma_ss<64, 1, 1>(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
+                           sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048, L::kHalf,
+                                      1024), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();  // (also retires the dV and dK products)
+      wgmma_wait<0>();  // (the first also retires the dK product, and the dV product when issued with it)
       fence_registers(dq);
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        add_dq_block<DQ_VEC4>(blk + j * 128, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3], lane);
-    } else {  // one head-dim half of 64 at a time: both in turn with one warpgroup, half wg with two
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int hh = 0; hh < 2 / WGS; ++hh) {
-        const int half = WGS == 1 ? hh : wg;
-        float dq[32];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4 * WGS; ++ks)
-          wgmma_ss<64, 1, 1>(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
-                             sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048,
-                                        L::kHalf, 1024), ks > 0);
-        wgmma_commit();
-        wgmma_wait<0>();  // (the first also retires the dV and dK products)
-        fence_registers(dq);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          add_dq_block<DQ_VEC4>(blk + (half * 8 + j) * 128, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3],
-                                lane);
+        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
       }
     }
     fence_registers(dv);
     fence_registers(dk);
     if constexpr (!EARLY_DV) fence_registers(pa);
-    if constexpr (!DQ_WHOLE) fence_registers(da);
+    fence_registers(da);
     i = ni;
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
@@ -336,16 +296,16 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV, bool DQ_WHOLE, bool DQ_VEC4>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
   const Sm90BwdMaps maps = TMA_Q ? Sm90BwdMaps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, 64),
                                                make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
                                  : Sm90BwdMaps{};
-  const dim3 grid = tile_grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B, p.tile_major);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV, DQ_WHOLE, DQ_VEC4>, grid,
-                dim3(L::kThreads), L::kBytes, p, maps);
+  const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV>, grid, dim3(L::kThreads), L::kBytes, p,
+                maps);
 }
 
 // The main kernel's form, from the environment (each setting takes `auto`, its default):
@@ -355,50 +315,30 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     TMA was the fastest on every mask and length measured.
 //   TSCALE_ATTENTION_SM90_BWD_TMA = 1 (Q and dO by the TMA unit, issued by one thread) | 0 (cp.async from every
 //     thread); default 1 (6-12% faster on every mask and length measured).
-// With TMA loads, the step's schedule:
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
-//     (issued with dK after the block's wait on dS^T); default 0.
-//   TSCALE_ATTENTION_SM90_BWD_DQ_N = 128 (dQ of a step in one m64n128 product and one wait, one warpgroup only; dK
-//     then reads dS^T from shared memory, which frees the registers dQ's accumulators need) | 64 (a product per
-//     head-dim half); default 64.
-//   TSCALE_ATTENTION_SM90_BWD_DQ_VEC = 4 (dQ added to dq_accum by 16-byte vector reductions, a quarter of the
-//     instructions) | 1 (one float an atomic); default 1.
+//     (issued with dK after the block's wait on dS^T); default 1: 2.5% off the kernel at T 4096 causal and 1.6% at
+//     T 1024 causal on an H100, the windowed masks unchanged (docs/BENCHMARKS.md "The Hopper backward's schedule").
 struct Sm90BwdForm {
   int wgs;
-  bool tma, early_dv, dq_whole, dq_vec4;
+  bool tma, early_dv;
 };
 
 inline Sm90BwdForm sm90_backward_form() {
   Sm90BwdForm f;
   f.wgs = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1);
   f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1;
-  f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 0) == 1;
-  f.dq_whole = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_N", {64, 128}, 64) == 128;
-  f.dq_vec4 = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_VEC", {1, 4}, 1) == 4;
-  TORCH_CHECK(!f.dq_whole || f.wgs == 1,
-              "TSCALE_ATTENTION_SM90_BWD_DQ_N=128 needs one warpgroup a block (TSCALE_ATTENTION_SM90_BWD_WGS=1)");
-  TORCH_CHECK(f.tma || !(f.early_dv || f.dq_whole || f.dq_vec4),
-              "TSCALE_ATTENTION_SM90_BWD_EARLY_DV, _DQ_N and _DQ_VEC need TMA loads (TSCALE_ATTENTION_SM90_BWD_TMA=1)");
+  f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1) == 1;
   return f;
 }
 
-// The TMA-loading kernel in the schedule `f` asks for.
 template <int WGS, int MIN_BLOCKS>
-void launch_bwd_sm90_scheduled(const BwdCall& c, const Sm90BwdForm& f) {
-  auto with_vec = [&](auto early, auto whole) {
-    constexpr bool kEarly = decltype(early)::value, kWhole = decltype(whole)::value;
-    f.dq_vec4 ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, kEarly, kWhole, true>(c)
-              : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, kEarly, kWhole, false>(c);
-  };
-  using T = std::true_type;
-  using F = std::false_type;
-  if constexpr (WGS == 1) {
-    if (f.dq_whole) {
-      f.early_dv ? with_vec(T{}, T{}) : with_vec(F{}, T{});
-      return;
-    }
-  }
-  f.early_dv ? with_vec(T{}, F{}) : with_vec(F{}, F{});
+void launch_bwd_sm90_loads(const BwdCall& c, const Sm90BwdForm& f) {
+  if (f.tma)
+    f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, true>(c)
+               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, false>(c);
+  else
+    f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, true>(c)
+               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, false>(c);
 }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
@@ -406,12 +346,8 @@ inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
   const Sm90BwdForm f = sm90_backward_form();
   launch_bwd_delta<128>(c);
-  if (!f.tma)
-    f.wgs == 1 ? launch_bwd_sm90_main<1, 2, false, false, false, false>(c)
-               : launch_bwd_sm90_main<2, 1, false, false, false, false>(c);
-  else
-    f.wgs == 1 ? launch_bwd_sm90_scheduled<1, 2>(c, f) : launch_bwd_sm90_scheduled<2, 1>(c, f);
-  f.dq_vec4 ? launch_bwd_dq<128, true>(c) : launch_bwd_dq<128, false>(c);
+  f.wgs == 1 ? launch_bwd_sm90_loads<1, 2>(c, f) : launch_bwd_sm90_loads<2, 1>(c, f);
+  launch_bwd_dq<128>(c);
 }
 
 }  // namespace

@@ -57,7 +57,6 @@ struct FwdParams {
   int window;         // 0: unlimited; otherwise 1 <= window < T (the host normalises)
   int n_stat;         // ceil(T / kStatTile)
   bool sink;
-  bool tile_major;    // blocks launched tile by tile across heads and batch rows (block_tile)
   float scale_log2;   // scale * log2(e)
 };
 
@@ -84,22 +83,7 @@ struct BwdParams {
   int n_stat;
   float scale;        // softmax scale, applied to dQ and dK at the end
   float scale_log2;
-  bool tile_major;    // blocks launched tile by tile across heads and batch rows (block_tile)
 };
-
-// The (tile, head, batch row) of this block in a walk over tiles of every (b, h). The hardware starts blocks in the
-// order of their linear index, x fastest: with tile_major the grid is (H, B, tiles) (tile_grid), so every head's
-// first tile starts before any head's second, and a walk that puts its heaviest tiles first (the forward's latest
-// query tiles, the backward's earliest key tiles on a causal mask) runs all of them in the first waves; otherwise
-// (tiles, H, B), one head's tiles after another's.
-struct BlockTile {
-  int tile, h, b;
-};
-
-__device__ __forceinline__ BlockTile block_tile(bool tile_major) {
-  const int x = static_cast<int>(blockIdx.x), y = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
-  return tile_major ? BlockTile{z, x, y} : BlockTile{x, y, z};
-}
 
 // ---------------------------------------------------------------------------------------------
 // Fragment loaders. All take the lane index; each wraps one ldmatrix.x4 (four 8x8 matrices; lane

@@ -78,15 +78,6 @@ __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor
 __device__ __forceinline__ int warp_xor_i32(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
-// p[0..3] += v as one 16-byte reduction (p 16-byte aligned): red.global.add.v4.f32 on sm_90, four atomics before.
-__device__ __forceinline__ void red_add_v4_f32(float* p, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-#else
-  atomicAdd(p, v.x), atomicAdd(p + 1, v.y), atomicAdd(p + 2, v.z), atomicAdd(p + 3, v.w);
-#endif
-}
 // Four zero floats at a 16-byte aligned global address, one store.
 __device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }
 // 32 bits to shared memory; 16 bytes from shared memory to a 16-byte aligned global address.

@@ -97,14 +97,5 @@ inline int sm90_env_choice(const char* name, std::initializer_list<int> allowed,
   return fallback;
 }
 
-// The grid of a walk over `tiles` tiles of every (b, h), in block_tile's order.
-inline dim3 tile_grid(int tiles, int H, int B, bool tile_major) {
-  return tile_major ? dim3(H, B, tiles) : dim3(tiles, H, B);
-}
-
-// The order the attention kernels start their blocks in: TSCALE_ATTENTION_TILE_ORDER = 1 (tile by tile across every
-// head and batch row: the heaviest tiles of all heads first) | 0 (head by head); default 0.
-inline bool attention_tile_major() { return sm90_env_choice("TSCALE_ATTENTION_TILE_ORDER", {0, 1}, 0) == 1; }
-
 }  // namespace
 }  // namespace tscale::attn

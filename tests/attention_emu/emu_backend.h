@@ -52,10 +52,6 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct float4 {
-  float x, y, z, w;
-};
-inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 namespace tscale::attn {
 namespace {
@@ -226,10 +222,6 @@ inline int warp_xor_i32(int v, int mask) { return warp_xor_any(v, mask, 5); }
 
 // Fibers never run at once, so read-modify-write is atomic here.
 inline void atomic_add_f32(float* p, float v) { *p += v; }
-inline void red_add_v4_f32(float* p, float4 v) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("red_add_v4_f32 at an address that is not 16-byte aligned");
-  p[0] += v.x, p[1] += v.y, p[2] += v.z, p[3] += v.w;
-}
 inline void store_zero_16(float* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_zero_16 at an address that is not 16-byte aligned");
   std::memset(p, 0, 16);
