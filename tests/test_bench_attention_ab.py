@@ -45,7 +45,7 @@ def test_summary_averages_rounds_per_tree_and_reads_the_model_ratios(tmp_path):
 
 def test_summary_counts_the_hopper_kernels_as_main_kernels(tmp_path):
     ws = "void tscale::attn::(anonymous namespace)::attention_fwd_sm90_ws_kernel<128, 2, false>(tscale::attn"
-    sm90 = "void tscale::attn::(anonymous namespace)::attention_bwd_sm90_kernel<1, 2, true, false, false, false>(t"
+    sm90 = "void tscale::attn::(anonymous namespace)::attention_bwd_sm90_kernel<1, 2, true, true>(tscale::attn::(a"
     calls = {"T4096_causal": {ws: 0.5, sm90: 1.5, DQ: 0.04}}
     (tmp_path / "profile-bwd-sm90-1-1-1-2.json").write_text(json.dumps({"profiles": calls}))
     masks = attention_ab_summary.summarize(tmp_path)["trees"]["bwd-sm90-1-1-1"]["masks"]

@@ -218,7 +218,10 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_t[t4 * 2 + j * 8 + (e & 1)]);
+      for (int e = 0; e < 4; ++e) {
+        const int qc = t4 * 2 + j * 8 + (e & 1);
+        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_t[qc]);
+      }
     }
     // dS^T as bf16 into its swizzled tile (key row kr, query columns 8 j..8 j + 7 in chunk j), for dQ.
 #pragma unroll

@@ -2,10 +2,11 @@
 
     python scripts/bench/attention_ab_summary.py OUT_DIR [--out OUT_DIR/ab_summary.json]
 
-Reads what scripts/device/attention_ab.sh (or sm90_backward.sh) leaves in OUT_DIR: profile-<tree>-<round>.json (attention_profile.py: GPU
-milliseconds per kernel and call, by mask) and model-<tree>/results.json (architecture.py attention: per window
-length, the step's attention time through tscale's path and through SDPA). Writes, per tree, each mask's mean over the rounds of the whole
-call and of its main forward and main backward kernels, in microseconds, and the model's ratios; prints a table.
+Reads what scripts/device/attention_ab.sh (or sm90_backward.sh) leaves in OUT_DIR: profile-<tree>-<round>.json
+(attention_profile.py: GPU milliseconds per kernel and call, by mask) and model-<tree>/results.json (architecture.py
+attention: per window length, the step's attention time through tscale's path and through SDPA). Writes, per tree,
+each mask's mean over the rounds of the whole call and of its main forward and main backward kernels, in
+microseconds, and the model's ratios; prints a table.
 A call returns a limited number of files, so this one file carries what a record of the comparison needs.
 """
 

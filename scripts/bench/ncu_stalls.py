@@ -42,7 +42,7 @@ def summarise(rows: list[dict], match: str, top: int) -> list[str]:
             value = number(row.get(metric, ""))
             if value is not None:
                 parts.append(f"{label} {value:.1f}" if label != "time_us" else f"{value / 1000:.1f} us")
-        stalls = sorted(((number(v) or 0.0, STALL.match(k).group(1)) for k, v in row.items() if k and STALL.match(k)),
+        stalls = sorted(((number(v) or 0.0, m.group(1)) for k, v in row.items() if k and (m := STALL.match(k))),
                         reverse=True)
         parts.append("stalls/issue: " + ", ".join(f"{reason} {value:.2f}" for value, reason in stalls[:top]))
         lines.append(" | ".join(parts))

@@ -7,10 +7,10 @@
 # Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-VARIANT-ROUND.{json,log} for each of VARIANTS (default
 # "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA[:EARLY_DV]]], the last two the values of
 # TSCALE_ATTENTION_SM90_BWD_TMA and _EARLY_DV, auto when left out, and VARIANT the same joined by dashes) in each of
-# ROUNDS rounds (default 1), each step as it ends, and after each round one summary line a variant. SEQ overrides the lengths profiled
-# (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after the profiles, TESTS_K narrows them (a
-# pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own
-# forward choice): OUT_DIR/headline-VARIANT/attention_kernel.json and .log.
+# ROUNDS rounds (default 1), each step as it ends, and after each round one summary line a variant. SEQ overrides
+# the lengths profiled (default "1024 4096"); TESTS=0 skips the tests, TESTS=last runs them after the profiles,
+# TESTS_K narrows them (a pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of
+# HEADLINE_VARIANTS (the op's own forward choice): OUT_DIR/headline-VARIANT/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
