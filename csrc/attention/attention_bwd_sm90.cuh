@@ -107,9 +107,6 @@ __device__ __forceinline__ int sm90_dq_pass(const BwdParams& p, const Sm90BwdMap
   const int first = keys.first(q0, window, tid, 128, slot);
   int n = 0;  // key tiles to walk
   for (int j = first; j >= 0; j = keys.next(j)) ++n;
-  fetch_keys(first, (n - 1) & 1);
-  cp_async_commit();
-
   const float* lse_s = reinterpret_cast<const float*>(smem + L::kLse);  // buffer 0's rows: lse * log2 e
   const float* delta_s = reinterpret_cast<const float*>(smem + L::kDelta);
   const int32_t* qdocs_s = reinterpret_cast<const int32_t*>(smem + L::kQDocs);
@@ -117,81 +114,106 @@ __device__ __forceinline__ int sm90_dq_pass(const BwdParams& p, const Sm90BwdMap
   float dq[64];                  // 64 queries x 128 head dims
 #pragma unroll
   for (int i = 0; i < 64; ++i) dq[i] = 0.f;
+  auto pair_of = [&](int m) { return (n - 1 - m) & 1; };  // the pair tile m of the walk lands in
   uint32_t phases = 0;  // bit `pair`: the parity of that pair's barrier phase the next wait is for
   int fills1 = 0;
-  int j = first;
-  for (int m = 0; j >= 0; ++m) {
-    const int pair = (n - 1 - m) & 1;
-    const int nj = keys.next(j);
-    cp_async_wait<0>();
+  // Tile m landed, for every thread (cp.async: after the block's sync).
+  auto await_tile = [&](int m) {
+    const int pair = pair_of(m);
+    fills1 += pair;
     if constexpr (TMA_Q) {
       if (m == 0) mbar_wait(full0, 0);  // this block's Q and dO
       mbar_wait(pair == 0 ? kv_full : full1, (phases >> pair) & 1);
       phases ^= 1u << pair;
+    } else {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();
     }
-    fills1 += pair;
-    fence_proxy_async();
-    __syncthreads();  // tile j landed for every thread, and the other pair's last products are done
-    const uint32_t k_s = k_buf(pair), v_s = v_buf(pair);
-
-    float s[32], dp[32];  // S = Q K^T and dP = dO V^T: 64 queries x 64 keys
+  };
+  float s[32], dp[32];  // S = Q K^T and dP = dO V^T of one key tile: 64 queries x 64 keys
+  uint32_t da[4][4];    // dS as bf16 A operands, one per k-step of 16 keys (held until its product is waited for)
+  auto issue_scores = [&](int pair) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
-      wgmma_ss<64>(s, sw128_desc(q_s + at, 16, 1024), sw128_desc(k_s + at, 16, 1024), kk > 0);
+      wgmma_ss<64>(s, sw128_desc(q_s + at, 16, 1024), sw128_desc(k_buf(pair) + at, 16, 1024), kk > 0);
     }
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
-      wgmma_ss<64>(dp, sw128_desc(do_s + at, 16, 1024), sw128_desc(v_s + at, 16, 1024), kk > 0);
+      wgmma_ss<64>(dp, sw128_desc(do_s + at, 16, 1024), sw128_desc(v_buf(pair) + at, 16, 1024), kk > 0);
     }
     wgmma_commit();
-    if (nj >= 0) fetch_keys(nj, pair ^ 1);  // into the pair the previous tile's products, all waited for, read
-    cp_async_commit();
-    wgmma_wait<0>();
-    fence_registers(s);
-    fence_registers(dp);
+  };
 
-    // P (into s) and dS = P (dP - Delta) (into dp); s[4 c + e]: query row r0 + 8 (e >> 1), key kj0 + 8 c + 2 t4 +
-    // (e & 1). Without a document boundary in the tile pair (one_doc), visibility is the causal, window and T bounds.
-    const int kj0 = j * 64;
-    const DocRange kd = keys.key_range(j);
-    const bool full = all_visible(q0, q0 + 63, kj0, kj0 + 63, window, docs, keys.qd, kd);
-    const bool one_doc = single_document(docs, keys.qd, kd);
+  // The walk: tile m + 1's S and dP are issued right after tile m's dQ product, both waited for together; tile
+  // m + 1 is fetched into the pair tile m - 1 used once every warp is done with that tile's products (tile 1 at the
+  // start, into the pair no tile used yet). Each product is issued from one place (iteration -1 only issues tile 0's
+  // S and dP), so that no register copy of an accumulator sits between a product and its wait.
+  fetch_keys(first, pair_of(0));
+  int j = -1, after = first;  // tile m's key tile, and tile m + 1's (-1: none)
+  if (keys.next(first) >= 0) fetch_keys(keys.next(first), pair_of(1));
+  cp_async_commit();
+  for (int m = -1;; ++m) {
+    if (m >= 0) {
+      const int pair = pair_of(m);
+      wgmma_wait<0>();  // tile m's S and dP, and tile m - 1's dQ product
+      fence_registers(s);
+      fence_registers(dp);
+      fence_registers(dq);
+      fence_registers(da);
+      if (m > 0) {
+        __syncthreads();  // every warp is done with tile m - 1's pair
+        if (after >= 0) fetch_keys(after, pair_of(m + 1));
+        cp_async_commit();
+      }
+
+      // P (into s) and dS = P (dP - Delta) (into dp); s[4 c + e]: query row r0 + 8 (e >> 1), key kj0 + 8 c + 2 t4 +
+      // (e & 1). Without a document boundary in the tile pair (one_doc), visibility is the causal, window and T bounds.
+      const int kj0 = j * 64;
+      const DocRange kd = keys.key_range(j);
+      const bool full = all_visible(q0, q0 + 63, kj0, kj0 + 63, window, docs, keys.qd, kd);
+      const bool one_doc = single_document(docs, keys.qd, kd);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = r0 + 8 * r, qi = q0 + row;
-      const float lse2 = lse_s[row], delta = delta_s[row];
-      const int qdoc = docs ? qdocs_s[row] : 0;
+      for (int r = 0; r < 2; ++r) {
+        const int row = r0 + 8 * r, qi = q0 + row;
+        const float lse2 = lse_s[row], delta = delta_s[row];
+        const int qdoc = docs ? qdocs_s[row] : 0;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
+        for (int c = 0; c < 8; ++c) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int at = 4 * c + 2 * r + e, key = kj0 + 8 * c + 2 * t4 + e;
-          float pv = exp2f(s[at] * p.scale_log2 - lse2);
-          if (!full) {
-            const bool ok = one_doc ? key <= qi && (window == 0 || qi - key < window) && key < T
-                                    : visible(qi, key, T, window, docs, qdoc, key < T ? doc[key] : -1);
-            if (!ok) pv = 0.f;
+          for (int e = 0; e < 2; ++e) {
+            const int at = 4 * c + 2 * r + e, key = kj0 + 8 * c + 2 * t4 + e;
+            float pv = exp2f(s[at] * p.scale_log2 - lse2);
+            if (!full) {
+              const bool ok = one_doc ? key <= qi && (window == 0 || qi - key < window) && key < T
+                                      : visible(qi, key, T, window, docs, qdoc, key < T ? doc[key] : -1);
+              if (!ok) pv = 0.f;
+            }
+            dp[at] = pv * (dp[at] - delta);
           }
-          dp[at] = pv * (dp[at] - delta);
         }
       }
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dq, da[ks], sw128_desc(k_buf(pair) + ks * 2048, L::kHalf, 1024));
+      wgmma_commit();
     }
-    uint32_t da[4][4];  // dS as bf16 A operands, one per k-step of 16 keys
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dq, da[ks], sw128_desc(k_s + ks * 2048, L::kHalf, 1024));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(dq);
-    fence_registers(da);
-    j = nj;
+    if (after < 0) break;
+    await_tile(m + 1);
+    if (m < 0) __syncthreads();  // the rows' lse, Delta and document ids (plain stores) too
+    issue_scores(pair_of(m + 1));
+    j = after;
+    after = keys.next(after);
   }
+  wgmma_wait<0>();  // the last tile's dQ product
+  fence_registers(dq);
+  fence_registers(da);
 
   uint16_t* dqg = p.dq + b * p.sg.b + h * p.sg.h;  // (T, D) rows of this (b, h), p.sg.t apart
 #pragma unroll
