@@ -48,15 +48,14 @@ def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
 
 
-# The Hopper backward's forms, "WGS-TMA-EARLY_DV-DQ_PASS": warpgroups a block, Q and dO by TMA or cp.async, dV issued
-# as soon as P^T is formed or with dK, dQ by each block's own pass over its queries' keys or by atomics.
-HOPPER_BACKWARD_FORMS = ["1-0-0-0", "2-0-0-0", "1-1-0-0", "2-1-0-0", "1-1-1-0", "2-1-1-0", "1-0-1-0", "1-1-1-1",
-                         "1-0-0-1", "1-1-0-1"]
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV": warpgroups a block, Q and dO by TMA or cp.async, dV issued as
+# soon as P^T is formed or with dK.
+HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1"]
 
 
 def _set_backward_form(form: str, monkeypatch) -> None:
     """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
-    for name, value in zip(("WGS", "TMA", "EARLY_DV", "DQ_PASS"), form.split("-")):
+    for name, value in zip(("WGS", "TMA", "EARLY_DV"), form.split("-")):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 
 
@@ -403,14 +402,11 @@ def test_emulated_hopper_ws_forward_strided_inputs(emu):
     _assert_close("out", out, _reference(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[0])
 
 
-@pytest.mark.parametrize("dq_pass", ["0", "1"])
 @pytest.mark.parametrize("tma", ["0", "1"])
-def test_emulated_hopper_backward_strided_inputs(emu, tma, dq_pass, monkeypatch):
+def test_emulated_hopper_backward_strided_inputs(emu, tma, monkeypatch):
     """The Hopper backward on (B, T, H, D) storage seen as (B, H, T, D), dO strided the same way, NaN-filled
-    neighbours around q, k, v: through the TMA maps' strides or cp.async's, with dQ by atomics or by the dQ pass
-    (whose K and V tiles come through maps of their own)."""
+    neighbours around q, k, v: through the TMA maps' strides or cp.async's."""
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_TMA", tma)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_DQ_PASS", dq_pass)
     B, H, T, D = 2, 2, 150, 128
     q, k, v, do = _nan_framed_views(emu, B, H, T, D, seed=4)
     do = do.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) view of (B, T, H, D) storage
@@ -446,8 +442,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1"),
-                                               ("DQ_PASS", "0, 1")])
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")
@@ -456,16 +451,6 @@ def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, 
     monkeypatch.setenv(name, "3")
     with pytest.raises(RuntimeError, match=f"{name} must be one of auto, {allowed}; got '3'"):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
-
-
-def test_emulated_hopper_backward_dq_pass_needs_one_warpgroup(emu, monkeypatch):
-    """The dQ pass with two warpgroups a block is refused by name, not run."""
-    q, k, v, do, _ = _case(1, 1, 64, 128, "none")
-    out, lse = emu.fwd(q, k, v, None, 16, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_WGS", "2")
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_DQ_PASS", "1")
-    with pytest.raises(RuntimeError, match="DQ_PASS=1 needs one warpgroup a block"):
-        emu.bwd_sm90(do, q, k, v, out, lse, None, 16, 0.125)
 
 
 def test_emulated_kernel_strided_inputs(emu):

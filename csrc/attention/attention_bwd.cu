@@ -1,6 +1,6 @@
 // CUDA registration of tscale::attention_bwd_cuda: the sm_80 kernels (attention_bwd.cuh, which the CPU emulator of
-// the tests also builds), or on Hopper GPUs the sm_90a main kernel (attention_bwd_sm90.cuh) after the same delta
-// kernel, and before the same dq kernel unless its dQ pass wrote dq.
+// the tests also builds), or on Hopper GPUs the sm_90a main kernel between the same delta and dq kernels
+// (attention_bwd_sm90.cuh).
 #include <torch/library.h>
 
 #include "attention_cuda_backend.cuh"

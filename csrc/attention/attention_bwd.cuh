@@ -2,7 +2,7 @@
 //
 // Three kernels, in order:
 //   1. delta: Delta = rowsum(dO * O) per query row (one warp per row), fp32 (B, H, T); the same
-//      warp zeroes the row's share of dq_accum (attach_dq_accum; the Hopper main kernel's dQ pass needs none).
+//      warp zeroes the row's share of dq_accum.
 //   2. main: one block of 4 warps per (64-key tile, head, batch row); warp w owns key rows
 //      16w..16w+15. K and V stay in shared memory; the block walks the query tiles (BM = 64
 //      queries for D = 64, 32 for D = 128, to keep dK and dV in registers) that can see its keys:
@@ -68,7 +68,6 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) acc += warp_xor(acc, m);
   if (lane == 0) p.delta[row] = acc;
-  if (p.dq_accum == nullptr) return;  // the main kernel writes dq itself
   // Zero this row's share of dq_accum (D floats at row t of its (b, h); the last row also zeroes
   // the padding rows up to T_pad, which hold fragments of the last 16-row block when T % 16 != 0).
   float* dqa = p.dq_accum + bh * p.T_pad * D;
@@ -380,6 +379,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   c.lse = lse_in.contiguous();
   c.n_tiles = (T + kTile - 1) / kTile;
   c.delta = at::empty({B, H, T}, c.lse.options());
+  c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());  // zeroed by delta
 
   BwdParams& p = c.p;
   p.q = reinterpret_cast<const uint16_t*>(c.q.data_ptr());
@@ -394,6 +394,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   p.sdo = strides_of(c.dout);
   p.lse = c.lse.data_ptr<float>();
   p.delta = c.delta.data_ptr<float>();
+  p.dq_accum = c.dq_accum.data_ptr<float>();
   p.dq = reinterpret_cast<uint16_t*>(c.dq.data_ptr());
   p.dk = reinterpret_cast<uint16_t*>(c.dk.data_ptr());
   p.dv = reinterpret_cast<uint16_t*>(c.dv.data_ptr());
@@ -417,13 +418,6 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   return c;
 }
 
-// dq_accum, for a main kernel that adds dQ into it by atomics: fp32 (B, H, T_pad, D) in fragment order, zeroed by
-// the delta kernel and read by the dq kernel.
-inline void attach_dq_accum(BwdCall& c) {
-  c.dq_accum = at::empty({c.p.B, c.p.H, static_cast<int64_t>(c.p.T_pad), c.p.D}, c.lse.options());
-  c.p.dq_accum = c.dq_accum.data_ptr<float>();
-}
-
 // The delta kernel (before a main kernel) and the dq kernel (after it).
 template <int D>
 inline void launch_bwd_delta(const BwdCall& c) {
@@ -437,8 +431,7 @@ inline void launch_bwd_dq(const BwdCall& c) {
 }
 
 // The three kernels with the sm_80 main kernel (mma.sync), for either head dim.
-inline void launch_bwd_mma(BwdCall& c) {
-  attach_dq_accum(c);
+inline void launch_bwd_mma(const BwdCall& c) {
   const dim3 grid(c.n_tiles, c.p.H, c.p.B);
   if (c.p.D == 64) {
     launch_bwd_delta<64>(c);

@@ -69,7 +69,7 @@ struct BwdParams {
   Strides sq, sk, sv, so, sdo;
   const float* lse;   // fp32 (B, H, T) from the forward
   float* delta;       // fp32 (B, H, T): rowsum(dO * O), written by the first backward kernel
-  float* dq_accum;    // fp32 (B, H, T_pad, D) in mma-fragment order (see attention_bwd.cuh), zeroed; or nullptr
+  float* dq_accum;    // fp32 (B, H, T_pad, D) in mma-fragment order (see attention_bwd.cuh), zeroed
   uint16_t* dq;       // bf16 (B, H, T, D) seen in (B, T, H, D) storage, like dk and dv (sg: their strides)
   uint16_t* dk;
   uint16_t* dv;
@@ -255,9 +255,7 @@ struct ForwardKeyTiles {
   }
 };
 
-// Params: FwdParams, or BwdParams for a backward pass that walks a query tile's keys (the same fields).
-template <class Params>
-__device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const Params& p, int b, int q0, int bm, int bn) {
+__device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const FwdParams& p, int b, int q0, int bm, int bn) {
   ForwardKeyTiles w;
   w.docs = p.doc != nullptr;
   w.dmin = w.docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;

@@ -5,12 +5,13 @@
 #   bash scripts/device/sm90_backward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
 # Writes OUT_DIR/{build,tests}.log and OUT_DIR/profile-bwd-VARIANT-ROUND.{json,log} for each of VARIANTS (default
-# "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA[:EARLY_DV[:DQ_PASS]]]], the last three the values of
-# TSCALE_ATTENTION_SM90_BWD_TMA, _EARLY_DV and _DQ_PASS, auto when left out, and VARIANT the same joined by dashes) in each of
+# "sm90:1 sm90:2 mma"; a variant is KERNEL[:WGS[:TMA[:EARLY_DV]]], the last two the values of
+# TSCALE_ATTENTION_SM90_BWD_TMA and _EARLY_DV, auto when left out, and VARIANT the same joined by dashes) in each of
 # ROUNDS rounds (default 1), each step as it ends, and after each round one summary line a variant. SEQ overrides
-# the lengths profiled (default "1024 4096"), WINDOWS the local masks' windows (default 128); TESTS=0 skips the tests, TESTS=last runs them after the profiles,
-# TESTS_K narrows them (a pytest -k expression). With HEADLINE=1, then attention_kernel.py with each of
-# HEADLINE_VARIANTS (the op's own forward choice): OUT_DIR/headline-VARIANT/attention_kernel.json and .log.
+# the lengths profiled (default "1024 4096") and WINDOWS the local masks' windows (default 128); TESTS=0 skips the
+# tests, TESTS=last runs them after the profiles, TESTS_K narrows them (a pytest -k expression). With HEADLINE=1,
+# then attention_kernel.py with each of HEADLINE_VARIANTS (the op's own forward choice):
+# OUT_DIR/headline-VARIANT/attention_kernel.json and .log.
 set -u
 OUT=${1:?usage: sm90_backward.sh OUT_DIR [SECONDS]}
 source scripts/device/deadline.sh "${2:-570}"
@@ -18,22 +19,21 @@ source scripts/device/setup_env.sh "$OUT" || exit 1
 run_tests() {
   # (without the settings a variant exported: the tests choose their own)
   env -u TSCALE_ATTENTION_BWD_KERNEL -u TSCALE_ATTENTION_SM90_BWD_WGS -u TSCALE_ATTENTION_SM90_BWD_TMA \
-    -u TSCALE_ATTENTION_SM90_BWD_EARLY_DV -u TSCALE_ATTENTION_SM90_BWD_DQ_PASS \
+    -u TSCALE_ATTENTION_SM90_BWD_EARLY_DV \
     TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -rfE --maxfail=5 -x tests/test_attention_kernel.py \
     -k "hopper_backward${TESTS_K:+ and ($TESTS_K)}" > "$OUT/tests.log" 2>&1
   echo "tests: $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -5
 }
 [ "${TESTS:-1}" = 1 ] && run_tests
-# A variant is KERNEL[:WGS[:TMA[:EARLY_DV[:DQ_PASS]]]]: the backward kernel and, for sm90, its warpgroups per block (1
-# when left out), whether its Q and dO come by TMA, whether dV is issued early and whether dQ comes from each block's
-# own pass (the op's defaults when left out). Sets the settings' variables and `name`.
+# A variant is KERNEL[:WGS[:TMA[:EARLY_DV]]]: the backward kernel and, for sm90, its warpgroups per block (1 when left
+# out), whether its Q and dO come by TMA and whether dV is issued early (the op's defaults when left out). Sets the
+# settings' variables and `name`.
 split_variant() {
-  IFS=: read -r kernel wgs tma early dq_pass <<< "$1"
+  IFS=: read -r kernel wgs tma early <<< "$1"
   export TSCALE_ATTENTION_BWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BWD_WGS=${wgs:-1} \
-    TSCALE_ATTENTION_SM90_BWD_TMA=${tma:-auto} TSCALE_ATTENTION_SM90_BWD_EARLY_DV=${early:-auto} \
-    TSCALE_ATTENTION_SM90_BWD_DQ_PASS=${dq_pass:-auto}
-  name=$kernel-${wgs:-1}-${tma:-auto}-${early:-auto}-${dq_pass:-auto}
+    TSCALE_ATTENTION_SM90_BWD_TMA=${tma:-auto} TSCALE_ATTENTION_SM90_BWD_EARLY_DV=${early:-auto}
+  name=$kernel-${wgs:-1}-${tma:-auto}-${early:-auto}
 }
 for round in $(seq "${ROUNDS:-1}"); do
   for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
