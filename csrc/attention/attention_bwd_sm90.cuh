@@ -9,14 +9,11 @@
 //   S^T = K Q^T, dP^T = V dO^T           wgmma m64n64k16, all operands K-major in shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e) (masked), dS^T = P^T (dP^T - Delta)      (registers)
 //   dV += P^T dO, dK += dS^T Q           wgmma m64n128k16, P^T and dS^T as bf16 register operands, dO and Q
-//                                        read transposed; by SCHED: both after the block's wait on dS^T (0), dV
-//                                        issued as soon as P^T is formed, so that it runs while dS^T is (1), and
-//                                        dK too as soon as dS^T is, running while dS^T is stored (2)
+//                                        read transposed; with EARLY_DV, dV issued as soon as P^T is formed,
+//                                        so that it runs while dS^T is
 //   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
 //                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
-//                                        half each, over all 128 keys), then fp32 atomics into dq_accum; with
-//                                        DQ_OVERLAP (one warpgroup) both halves issued at once, the first's
-//                                        atomics running while the second's product does
+//                                        half each, over all 128 keys), then fp32 atomics into dq_accum
 // Q and dO come by the TMA unit, issued by one thread, each buffer completing an mbarrier (TMA_Q), or by cp.async from
 // every thread. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
 // Two warpgroups halve the query-tile loads and the dq_accum atomics per key.
@@ -66,11 +63,10 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, int SCHED, bool DQ_OVERLAP>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
-  static_assert(SCHED >= 0 && SCHED <= 2 && (!DQ_OVERLAP || WGS == 1), "the backward's schedule");
   using L = Sm90BwdLayout<WGS>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
@@ -213,7 +209,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       acc_to_a(pa[ks], *reinterpret_cast<const float(*)[4]>(&s[8 * ks]), *reinterpret_cast<const float(*)[4]>(&s[8 * ks + 4]));
-    if constexpr (SCHED >= 1) {  // dV += P^T dO runs while dS^T is formed
+    if constexpr (EARLY_DV) {  // dV += P^T dO runs while dS^T is formed
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
@@ -227,18 +223,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
         dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_t[qc]);
       }
     }
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
-    auto issue_dk = [&] {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
-    };
-    if constexpr (SCHED == 2) {  // dK += dS^T Q runs while dS^T is stored
-      wgmma_fence();
-      issue_dk();
-      wgmma_commit();
-    }
     // dS^T as bf16 into its swizzled tile (key row kr, query columns 8 j..8 j + 7 in chunk j), for dQ.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -247,7 +231,10 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       for (int j = 0; j < 8; ++j)
         st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4, pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
     }
-    if constexpr (SCHED == 1) {  // dV is done by now: its A operand's registers are free
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
+    if constexpr (EARLY_DV) {  // dV is done by now: its A operand's registers are free
       wgmma_wait<0>();
       fence_registers(dv);
       fence_registers(pa);
@@ -255,63 +242,42 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     fence_proxy_async();
     __syncthreads();  // dS^T complete for every warp's products
 
-    if constexpr (SCHED < 2) {
-      wgmma_fence();
-      if constexpr (SCHED == 0) {
+    wgmma_fence();
+    if constexpr (!EARLY_DV) {
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
-      }
-      issue_dk();
-      wgmma_commit();
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
     }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+    wgmma_commit();
 
     // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
     // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile), one head-dim half of 64 at a time: both
     // in turn with one warpgroup, half wg with two. Warp w holds query rows q0 + 16 w.. of it. Fragment-order
     // dq_accum: block (16-query row q16, 8-dim column n) at (q16 * 16 + n) * 128.
     float* blk = dqa + static_cast<int64_t>(q0 / 16 + warp) * 16 * 128;
-    auto issue_dq = [&](float (&dq)[32], int half) {
+#pragma unroll
+    for (int hh = 0; hh < 2 / WGS; ++hh) {
+      const int half = WGS == 1 ? hh : wg;
+      float dq[32];
+      wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4 * WGS; ++ks)
         wgmma_ss<64, 1, 1>(dq, sw128_desc(ds_all + ks * 2048, L::kHalf, 1024),
                            sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048, L::kHalf,
                                       1024), ks > 0);
       wgmma_commit();
-    };
-    auto add_dq = [&](const float (&dq)[32], int half) {
+      wgmma_wait<0>();  // (the first also retires the dK product, and the dV product when issued with it)
+      fence_registers(dq);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
       }
-    };
-    // (the first wait also retires the dK product, and the dV product when it was not waited for before the sync)
-    if constexpr (DQ_OVERLAP) {
-      float dq0[32], dq1[32];
-      wgmma_fence();
-      issue_dq(dq0, 0);
-      issue_dq(dq1, 1);
-      wgmma_wait<1>();
-      fence_registers(dq0);
-      add_dq(dq0, 0);
-      wgmma_wait<0>();
-      fence_registers(dq1);
-      add_dq(dq1, 1);
-    } else {
-#pragma unroll
-      for (int hh = 0; hh < 2 / WGS; ++hh) {
-        const int half = WGS == 1 ? hh : wg;
-        float dq[32];
-        wgmma_fence();
-        issue_dq(dq, half);
-        wgmma_wait<0>();
-        fence_registers(dq);
-        add_dq(dq, half);
-      }
     }
     fence_registers(dv);
     fence_registers(dk);
-    if constexpr (SCHED != 1) fence_registers(pa);
+    if constexpr (!EARLY_DV) fence_registers(pa);
     fence_registers(da);
     i = ni;
   }
@@ -333,7 +299,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, int SCHED, bool DQ_OVERLAP>
+template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -341,8 +307,8 @@ void launch_bwd_sm90_main(const BwdCall& c) {
                                                make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
                                  : Sm90BwdMaps{};
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, SCHED, DQ_OVERLAP>, grid, dim3(L::kThreads),
-                L::kBytes, p, maps);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV>, grid, dim3(L::kThreads), L::kBytes, p,
+                maps);
 }
 
 // The main kernel's form, from the environment (each setting takes `auto`, its default):
@@ -355,51 +321,27 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 1: 2.5% off the kernel at T 4096 causal and 1.6% at
 //     T 1024 causal on an H100, the windowed masks unchanged (docs/BENCHMARKS.md "The Hopper backward's schedule").
-//   TSCALE_ATTENTION_SM90_BWD_EARLY_DK = 1 (with EARLY_DV: dK += dS^T Q issued as soon as dS^T is formed, running
-//     while dS^T is stored and the block waits for it) | 0 (issued after that wait); default 0.
-//   TSCALE_ATTENTION_SM90_BWD_DQ_OVERLAP = 1 (one warpgroup: both head-dim halves of dQ issued at once, the first's
-//     atomics running while the second's product does) | 0 (each half's product waited for before its atomics);
-//     default 0.
 struct Sm90BwdForm {
   int wgs;
-  bool tma;
-  int sched;  // the kernel's SCHED: 0 dV and dK after the wait on dS^T, 1 dV early, 2 dV and dK early
-  bool dq_overlap;
+  bool tma, early_dv;
 };
 
 inline Sm90BwdForm sm90_backward_form() {
   Sm90BwdForm f;
   f.wgs = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1);
   f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1;
-  const int early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1);
-  const int early_dk = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DK", {0, 1}, 0);
-  TORCH_CHECK(early_dv == 1 || early_dk == 0,
-              "TSCALE_ATTENTION_SM90_BWD_EARLY_DK=1 needs TSCALE_ATTENTION_SM90_BWD_EARLY_DV=1 (or auto)");
-  f.sched = early_dv + early_dk;
-  f.dq_overlap = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_OVERLAP", {0, 1}, 0) == 1;
-  TORCH_CHECK(!f.dq_overlap || f.wgs == 1,
-              "TSCALE_ATTENTION_SM90_BWD_DQ_OVERLAP=1 needs one warpgroup a block (TSCALE_ATTENTION_SM90_BWD_WGS=1 or "
-              "auto): with two, each computes one half of dQ");
+  f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1) == 1;
   return f;
-}
-
-template <int WGS, int MIN_BLOCKS, bool TMA_Q>
-void launch_bwd_sm90_schedule(const BwdCall& c, const Sm90BwdForm& f) {
-  constexpr bool kOverlap = WGS == 1;  // DQ_OVERLAP exists with one warpgroup only
-  if (f.sched == 0)
-    launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, 0, false>(c);
-  else if (f.sched == 1)
-    f.dq_overlap ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, 1, kOverlap>(c)
-                 : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, 1, false>(c);
-  else
-    f.dq_overlap ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, 2, kOverlap>(c)
-                 : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA_Q, 2, false>(c);
 }
 
 template <int WGS, int MIN_BLOCKS>
 void launch_bwd_sm90_loads(const BwdCall& c, const Sm90BwdForm& f) {
-  f.tma ? launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, true>(c, f)
-        : launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, false>(c, f);
+  if (f.tma)
+    f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, true>(c)
+               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, false>(c);
+  else
+    f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, true>(c)
+               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, false>(c);
 }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
