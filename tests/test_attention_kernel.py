@@ -48,9 +48,9 @@ def _set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
 
 
-# The Hopper backward's forms, "WGS-TMA-EARLY_DV": warpgroups a block, Q and dO by TMA or cp.async, dV issued as
-# soon as P^T is formed or with dK.
-HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1"]
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV": warpgroups a block, Q and dO by cp.async (TMA 0), by TMA (1) or by
+# TMA with the rows' lse, Delta and document ids (2), dV issued as soon as P^T is formed or with dK.
+HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0"]
 
 
 def _set_backward_form(form: str, monkeypatch) -> None:
@@ -402,7 +402,7 @@ def test_emulated_hopper_ws_forward_strided_inputs(emu):
     _assert_close("out", out, _reference(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[0])
 
 
-@pytest.mark.parametrize("tma", ["0", "1"])
+@pytest.mark.parametrize("tma", ["0", "1", "2"])
 def test_emulated_hopper_backward_strided_inputs(emu, tma, monkeypatch):
     """The Hopper backward on (B, T, H, D) storage seen as (B, H, T, D), dO strided the same way, NaN-filled
     neighbours around q, k, v: through the TMA maps' strides or cp.async's."""
@@ -442,7 +442,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1"), ("EARLY_DV", "0, 1")])
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = _case(1, 1, 64, 128, "none")

@@ -14,8 +14,10 @@
 //   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
 //                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
 //                                        half each, over all 128 keys), then fp32 atomics into dq_accum
-// Q and dO come by the TMA unit, issued by one thread, each buffer completing an mbarrier (TMA_Q), or by cp.async from
-// every thread. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
+// Q and dO come by the TMA unit, issued by one thread, each buffer completing an mbarrier (TMA >= 1), or by cp.async
+// from every thread; with TMA = 2 the rows' lse, Delta and document ids come with them (1D maps over the whole arrays:
+// a tile that runs past T reads the next head's values or zeros there, harmless since those rows' Q and dO are zero),
+// and otherwise by plain loads. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
 // Two warpgroups halve the query-tile loads and the dq_accum atomics per key.
 #pragma once
 
@@ -26,9 +28,11 @@
 namespace tscale::attn {
 namespace {
 
-// The TMA maps of q and dO (boxes of one 64-query tile), for TMA_Q.
+// The TMA maps of q and dO (boxes of one 64-query tile), for TMA >= 1; of lse, Delta and document ids (boxes of 64
+// rows) for TMA = 2.
 struct Sm90BwdMaps {
   TileMap q, dout;
+  VecMap lse, delta, docs;
 };
 
 template <int WGS>
@@ -40,7 +44,7 @@ struct Sm90BwdLayout {
   static constexpr uint32_t kQ = kV + WGS * kTileBytes;  // [2] tiles, by step parity
   static constexpr uint32_t kDO = kQ + 2 * kTileBytes;  // [2] tiles
   static constexpr uint32_t kDS = kDO + 2 * kTileBytes;  // dS^T: [64 WGS keys][64 queries], one swizzled half a WG
-  static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse * log2 e
+  static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse (128-byte aligned, as the TMA needs)
   static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
   static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
   static constexpr uint32_t kBars = kQDocs + 2 * 64 * 4;  // [2] full, by parity (TMA_Q)
@@ -48,25 +52,26 @@ struct Sm90BwdLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
-// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse in
-// log2 units (+inf past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows'
-// document ids (INT_MIN past T). By all `nthreads` threads of the block.
+// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse (+inf
+// past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows' document ids (INT_MIN
+// past T). By all `nthreads` threads of the block.
 __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float* delta_g, const int32_t* doc, int q0,
                                                  int bm, int T, float* lse_s, float* delta_s, int32_t* qdocs_s,
                                                  int tid, int nthreads) {
   for (int r = tid; r < bm; r += nthreads) {
     const int qi = q0 + r;
     const bool ok = qi < T;
-    lse_s[r] = ok ? lse_g[qi] * kLog2e : INFINITY;
+    lse_s[r] = ok ? lse_g[qi] : INFINITY;
     delta_s[r] = ok ? delta_g[qi] : 0.f;
     if (doc != nullptr) qdocs_s[r] = ok ? doc[qi] : INT_MIN;
   }
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
+  constexpr bool TMA_Q = TMA >= 1, TMA_ROWS = TMA == 2;
   using L = Sm90BwdLayout<WGS>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
@@ -115,16 +120,23 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     if constexpr (TMA_Q) {
       if (tid == 0) {
         const uint32_t bar = q_full + 8 * parity;
-        mbar_arrive_expect_tx(bar, 2 * L::kTileBytes);
+        mbar_arrive_expect_tx(bar, 2 * L::kTileBytes + (TMA_ROWS ? (docs ? 3 : 2) * BM * 4 : 0));
         tma_load_tile(q_buf(parity), L::kHalf, maps.q, bar, q0, h, b);
         tma_load_tile(do_buf(parity), L::kHalf, maps.dout, bar, q0, h, b);
+        if constexpr (TMA_ROWS) {
+          const int row = static_cast<int>(bh * T) + q0;
+          tma_load_vec(base + L::kLse + parity * BM * 4, maps.lse, bar, row);
+          tma_load_vec(base + L::kDelta + parity * BM * 4, maps.delta, bar, row);
+          if (docs) tma_load_vec(base + L::kQDocs + parity * BM * 4, maps.docs, bar, b * T + q0);
+        }
       }
     } else {
       load_tile_sw128<BM, kThreads>(q_buf(parity), qg, p.sq.t, q0, T, tid);
       load_tile_sw128<BM, kThreads>(do_buf(parity), dog, p.sdo.t, q0, T, tid);
     }
-    stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM, qdocs_s + parity * BM,
-                     tid, kThreads);
+    if constexpr (!TMA_ROWS)
+      stage_query_rows(lse_g, delta_g, doc, q0, BM, T, lse_s + parity * BM, delta_s + parity * BM,
+                       qdocs_s + parity * BM, tid, kThreads);
   };
 
   // Groups of cp.async: K and V, then the first query tile; then each step's next tile.
@@ -195,7 +207,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + (e & 1), qc = t4 * 2 + c;
-        float pv = exp2f(s[4 * j + e] * p.scale_log2 - lse_t[qc]);
+        float pv = exp2f(s[4 * j + e] * p.scale_log2 - lse_t[qc] * kLog2e);
         if (!full) {
           const int r = e >> 1;
           const bool ok = one_doc ? c >= lo[r] && c <= hi[r]
@@ -299,15 +311,23 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, bool TMA_Q, bool EARLY_DV>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
-  const Sm90BwdMaps maps = TMA_Q ? Sm90BwdMaps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, 64),
-                                               make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64)}
-                                 : Sm90BwdMaps{};
+  Sm90BwdMaps maps{};
+  if constexpr (TMA >= 1) {
+    maps.q = make_tile_map(p.q, p.sq, p.B, p.H, p.T, 64);
+    maps.dout = make_tile_map(p.dout, p.sdo, p.B, p.H, p.T, 64);
+  }
+  if constexpr (TMA == 2) {
+    const int64_t rows = static_cast<int64_t>(p.B) * p.H * p.T;
+    maps.lse = make_vec_map(p.lse, rows, 64);
+    maps.delta = make_vec_map(p.delta, rows, 64);
+    if (p.doc != nullptr) maps.docs = make_vec_map(p.doc, static_cast<int64_t>(p.B) * p.T, 64);
+  }
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA_Q, EARLY_DV>, grid, dim3(L::kThreads), L::kBytes, p,
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV>, grid, dim3(L::kThreads), L::kBytes, p,
                 maps);
 }
 
@@ -316,38 +336,47 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     block of 128-key tiles); default 1. Measured on the H200 (docs/BENCHMARKS.md "The Hopper backward's loads by
 //     TMA"): one warpgroup with TMA loads took 1.54 ms at T 4096 causal, one or two with cp.async 1.74, and one with
 //     TMA was the fastest on every mask and length measured.
-//   TSCALE_ATTENTION_SM90_BWD_TMA = 1 (Q and dO by the TMA unit, issued by one thread) | 0 (cp.async from every
-//     thread); default 1 (6-12% faster on every mask and length measured).
+//   TSCALE_ATTENTION_SM90_BWD_TMA = 1 (Q and dO by the TMA unit, issued by one thread) | 2 (and the rows' lse,
+//     Delta and document ids with them, instead of plain loads by the block's threads; up to 2^31 - 64 rows of
+//     B H T) | 0 (cp.async from every thread); default 1 (6-12% faster than 0 on every mask and length measured).
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 1: 2.5% off the kernel at T 4096 causal and 1.6% at
 //     T 1024 causal on an H100, the windowed masks unchanged (docs/BENCHMARKS.md "The Hopper backward's schedule").
 struct Sm90BwdForm {
-  int wgs;
-  bool tma, early_dv;
+  int wgs, tma;
+  bool early_dv;
 };
 
-inline Sm90BwdForm sm90_backward_form() {
+inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
   Sm90BwdForm f;
   f.wgs = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1);
-  f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1}, 1) == 1;
+  f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1, 2}, 1);
+  TORCH_CHECK(f.tma < 2 || static_cast<int64_t>(p.B) * p.H * p.T < INT_MAX - 64,
+              "TSCALE_ATTENTION_SM90_BWD_TMA=2 addresses at most 2^31 - 64 rows of B H T; got ",
+              static_cast<int64_t>(p.B) * p.H * p.T, ": set it to 1 or auto");
   f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1) == 1;
   return f;
 }
 
+template <int WGS, int MIN_BLOCKS, int TMA>
+void launch_bwd_sm90_schedule(const BwdCall& c, const Sm90BwdForm& f) {
+  f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true>(c) : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false>(c);
+}
+
 template <int WGS, int MIN_BLOCKS>
 void launch_bwd_sm90_loads(const BwdCall& c, const Sm90BwdForm& f) {
-  if (f.tma)
-    f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, true>(c)
-               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, true, false>(c);
+  if (f.tma == 2)
+    launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, 2>(c, f);
+  else if (f.tma == 1)
+    launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, 1>(c, f);
   else
-    f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, true>(c)
-               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, false, false>(c);
+    launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, 0>(c, f);
 }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
-  const Sm90BwdForm f = sm90_backward_form();
+  const Sm90BwdForm f = sm90_backward_form(c.p);
   launch_bwd_delta<128>(c);
   f.wgs == 1 ? launch_bwd_sm90_loads<1, 2>(c, f) : launch_bwd_sm90_loads<2, 1>(c, f);
   launch_bwd_dq<128>(c);

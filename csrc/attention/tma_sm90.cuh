@@ -5,8 +5,9 @@
 // A TileMap describes one bf16 (B, H, T, 128) tensor (head dims contiguous, any other strides that are multiples of
 // 8 elements) to the TMA unit: tma_load_half copies rows [row, row + box rows) of head dims [d0, d0 + 64) of one
 // (b, h) into shared memory in the 128-byte swizzled layout of wgmma_sm90.cuh (one half of a tile), zero-filling
-// rows past T, and counts its bytes on an mbarrier. The CPU emulator of the tests (tests/attention_emu) defines the
-// same names and a TileMap of its own.
+// rows past T, and counts its bytes on an mbarrier. A VecMap describes a 1D array of 4-byte elements (fp32 or
+// int32): tma_load_vec copies `box` of them from any element on, zero-filling past the array's end. The CPU emulator
+// of the tests (tests/attention_emu) defines the same names and maps of its own.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@ namespace {
 
 #ifndef TSCALE_ATTENTION_EMULATE
 using TileMap = CUtensorMap;
+using VecMap = CUtensorMap;
 
 // Initialises the mbarrier at `bar` to expect `count` arrivals a phase.
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -81,6 +83,17 @@ __device__ __forceinline__ void tma_load_half(uint32_t dst, const TileMap& map, 
 #endif
 }
 
+// Elements [start, start + box) of the 1D array of `map` into shared memory at `dst` (128-byte aligned), completing
+// box x 4 bytes on `bar`.
+__device__ __forceinline__ void tma_load_vec(uint32_t dst, const VecMap& map, uint32_t bar, int start) {
+#ifdef TSCALE_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(start)
+      : "memory");
+#endif
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads') of `count` threads: wait there until `count` have arrived, or
 // arrive without waiting.
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
@@ -108,7 +121,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 // The TMA map of a bf16 (B, H, T, 128) tensor at `base` with element strides s (t, h, b; head dims contiguous),
 // boxes of `box_rows` rows x 64 head dims, 128-byte swizzle, rows past T read as zeros.
-inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int H, int T, int box_rows) {
+// The driver's cuTensorMapEncodeTiled, found once.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -117,6 +131,11 @@ inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int 
                 "attention: the CUDA driver has no cuTensorMapEncodeTiled (needs a driver for CUDA 12 or newer)");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int H, int T, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   TileMap map;
   const cuuint64_t dims[4] = {128, static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(B)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.t) * 2, static_cast<cuuint64_t>(s.h) * 2,
@@ -128,6 +147,21 @@ inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int 
                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (error ", static_cast<int>(r),
               ") for a (", B, ", ", H, ", ", T, ", 128) tensor with strides (", s.b, ", ", s.h, ", ", s.t, ")");
+  return map;
+}
+// The TMA map of a 1D array of n 4-byte elements at `base` (16-byte aligned), boxes of `box` elements, no swizzle,
+// elements past the end read as zeros.
+inline VecMap make_vec_map(const void* base, int64_t n, int box) {
+  VecMap map;
+  const cuuint64_t dims[1] = {static_cast<cuuint64_t>(n)};
+  const cuuint32_t box_dims[1] = {static_cast<cuuint32_t>(box)};
+  const cuuint32_t unit[1] = {1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, const_cast<void*>(base), dims,
+                                          nullptr, box_dims, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for a 1D ",
+              "array of ", n, " elements");
   return map;
 }
 #endif  // TSCALE_ATTENTION_EMULATE

@@ -427,6 +427,39 @@ inline void tma_load_half(uint32_t dst, const TileMap& map, uint32_t bar, int d0
   else emu::mbarrier_at(bar).late_loads.push_back(land);
 }
 
+// A 1D array of 4-byte elements as tma_load_vec reads it: n elements, boxes of `box`.
+struct VecMap {
+  const unsigned char* base;
+  int64_t n;
+  int box;
+};
+
+// Elements [start, start + box) land at dst (128-byte aligned), zeros past the array's end, when copy_mode says.
+inline void tma_load_vec(uint32_t dst, const VecMap& map, uint32_t bar, int start) {
+  if (dst % 128 != 0) emu::fail("tma_load_vec: the destination must be 128-byte aligned");
+  shared_at(dst, static_cast<size_t>(map.box) * 4, 128);
+  emu::mbarrier_at(bar);
+  auto land = [dst, map, bar, start] {
+    for (int i = 0; i < map.box; ++i) {
+      const int64_t e = static_cast<int64_t>(start) + i;
+      unsigned char* out = emu::rt().smem + dst + i * 4;
+      if (e >= 0 && e < map.n) std::memcpy(out, map.base + e * 4, 4);
+      else std::memset(out, 0, 4);
+    }
+    emu::Mbarrier& m = emu::mbarrier_at(bar);
+    m.tx -= static_cast<int64_t>(map.box) * 4;
+    emu::mbarrier_progress(bar, m);
+  };
+  emu::Runtime& r = emu::rt();
+  const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
+  if (early) land();
+  else emu::mbarrier_at(bar).late_loads.push_back(land);
+}
+
+inline VecMap make_vec_map(const void* base, int64_t n, int box) {
+  return VecMap{static_cast<const unsigned char*>(base), n, box};
+}
+
 inline void named_barrier_sync(int id, int count) { emu::named_barrier(id, count, true); }
 inline void named_barrier_arrive(int id, int count) { emu::named_barrier(id, count, false); }
 
