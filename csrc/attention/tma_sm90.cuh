@@ -88,8 +88,9 @@ __device__ __forceinline__ void tma_load_half(uint32_t dst, const TileMap& map, 
 __device__ __forceinline__ void tma_load_vec(uint32_t dst, const VecMap& map, uint32_t bar, int start) {
 #ifdef TSCALE_SM90A_DEVICE
   asm volatile(
-      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(start)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+      :
+      : "r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(start), "r"(0)
       : "memory");
 #endif
 }
@@ -150,14 +151,15 @@ inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int 
   return map;
 }
 // The TMA map of a 1D array of n 4-byte elements at `base` (16-byte aligned), boxes of `box` elements, no swizzle,
-// elements past the end read as zeros.
+// elements past the end read as zeros. Encoded as a (1, n) matrix: the driver takes a stride array only from rank 2.
 inline VecMap make_vec_map(const void* base, int64_t n, int box) {
   VecMap map;
-  const cuuint64_t dims[1] = {static_cast<cuuint64_t>(n)};
-  const cuuint32_t box_dims[1] = {static_cast<cuuint32_t>(box)};
-  const cuuint32_t unit[1] = {1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, const_cast<void*>(base), dims,
-                                          nullptr, box_dims, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), 1};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>((n * 4 + 15) / 16 * 16)};
+  const cuuint32_t box_dims[2] = {static_cast<cuuint32_t>(box), 1};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void*>(base), dims,
+                                          strides, box_dims, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for a 1D ",
