@@ -151,7 +151,7 @@ inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int 
   return map;
 }
 // The TMA map of a 1D array of n 4-byte elements at `base` (16-byte aligned), boxes of `box` elements, no swizzle,
-// elements past the end read as zeros. Encoded as a (1, n) matrix: the driver takes a stride array only from rank 2.
+// elements past the end read as zeros. Encoded as a (1, n) matrix: the driver refused the rank-1 form (error 1).
 inline VecMap make_vec_map(const void* base, int64_t n, int box) {
   VecMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), 1};
