@@ -398,15 +398,30 @@ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 
 inline void mbar_wait(uint32_t bar, uint32_t parity) { emu::mbarrier_wait(bar, static_cast<int>(parity & 1)); }
 
-// The box (box_rows x 64 head dims from d0) lands in the swizzled half at dst when copy_mode says: at issue, or at
-// the first wait on bar.
+// A TMA load's landing, `land` (which copies its bytes), run when copy_mode says: at issue, or at the first wait on
+// bar; the bytes then count on bar.
+template <typename Land>
+inline void tma_schedule(uint32_t bar, int64_t bytes, Land land) {
+  emu::mbarrier_at(bar);
+  auto landing = [bar, bytes, land] {
+    land();
+    emu::Mbarrier& m = emu::mbarrier_at(bar);
+    m.tx -= bytes;
+    emu::mbarrier_progress(bar, m);
+  };
+  emu::Runtime& r = emu::rt();
+  const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
+  if (early) landing();
+  else emu::mbarrier_at(bar).late_loads.push_back(landing);
+}
+
+// The box (box_rows x 64 head dims from d0) lands in the swizzled half at dst (tma_schedule).
 inline void tma_load_half(uint32_t dst, const TileMap& map, uint32_t bar, int d0, int row, int h, int b) {
   if (dst % 1024 != 0) emu::fail("tma_load_half: a 128-byte swizzled destination must be 1024-byte aligned");
   if (d0 % 64 != 0 || d0 < 0 || d0 >= 128) emu::fail("tma_load_half: d0 must be 0 or 64");
   if (h < 0 || h >= map.H || b < 0 || b >= map.B) emu::fail("tma_load_half: (b, h) outside the tensor");
   shared_at(dst, static_cast<size_t>(map.box_rows) * 128, 1024);
-  emu::mbarrier_at(bar);
-  auto land = [dst, map, bar, d0, row, h, b] {
+  tma_schedule(bar, static_cast<int64_t>(map.box_rows) * 128, [dst, map, d0, row, h, b] {
     for (int r = 0; r < map.box_rows; ++r) {
       const int t = row + r;
       for (int c = 0; c < 8; ++c) {
@@ -417,14 +432,7 @@ inline void tma_load_half(uint32_t dst, const TileMap& map, uint32_t bar, int d0
         else std::memset(out, 0, 16);
       }
     }
-    emu::Mbarrier& m = emu::mbarrier_at(bar);
-    m.tx -= static_cast<int64_t>(map.box_rows) * 128;
-    emu::mbarrier_progress(bar, m);
-  };
-  emu::Runtime& r = emu::rt();
-  const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
-  if (early) land();
-  else emu::mbarrier_at(bar).late_loads.push_back(land);
+  });
 }
 
 // A 1D array of 4-byte elements as tma_load_vec reads it: n elements, boxes of `box`.
@@ -434,26 +442,18 @@ struct VecMap {
   int box;
 };
 
-// Elements [start, start + box) land at dst (128-byte aligned), zeros past the array's end, when copy_mode says.
+// Elements [start, start + box) land at dst (128-byte aligned), zeros past the array's end (tma_schedule).
 inline void tma_load_vec(uint32_t dst, const VecMap& map, uint32_t bar, int start) {
   if (dst % 128 != 0) emu::fail("tma_load_vec: the destination must be 128-byte aligned");
   shared_at(dst, static_cast<size_t>(map.box) * 4, 128);
-  emu::mbarrier_at(bar);
-  auto land = [dst, map, bar, start] {
+  tma_schedule(bar, static_cast<int64_t>(map.box) * 4, [dst, map, start] {
     for (int i = 0; i < map.box; ++i) {
       const int64_t e = static_cast<int64_t>(start) + i;
       unsigned char* out = emu::rt().smem + dst + i * 4;
       if (e >= 0 && e < map.n) std::memcpy(out, map.base + e * 4, 4);
       else std::memset(out, 0, 4);
     }
-    emu::Mbarrier& m = emu::mbarrier_at(bar);
-    m.tx -= static_cast<int64_t>(map.box) * 4;
-    emu::mbarrier_progress(bar, m);
-  };
-  emu::Runtime& r = emu::rt();
-  const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
-  if (early) land();
-  else emu::mbarrier_at(bar).late_loads.push_back(land);
+  });
 }
 
 inline VecMap make_vec_map(const void* base, int64_t n, int box) {
