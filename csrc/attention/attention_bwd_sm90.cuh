@@ -17,7 +17,8 @@
 // Q and dO come by the TMA unit, issued by one thread, each buffer completing an mbarrier (TMA >= 1), or by cp.async
 // from every thread; with TMA = 2 the rows' lse, Delta and document ids come with them (1D maps over the whole arrays:
 // a tile that runs past T reads the next head's values or zeros there, harmless since those rows' Q and dO are zero),
-// and otherwise by plain loads. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32 each per thread).
+// and otherwise by plain loads. Tiles are 128-byte swizzled (wgmma_sm90.cuh); dK and dV stay in registers (64 fp32
+// each per thread).
 // Two warpgroups halve the query-tile loads and the dq_accum atomics per key.
 #pragma once
 
@@ -360,7 +361,8 @@ inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
 
 template <int WGS, int MIN_BLOCKS, int TMA>
 void launch_bwd_sm90_schedule(const BwdCall& c, const Sm90BwdForm& f) {
-  f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true>(c) : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false>(c);
+  f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true>(c)
+             : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false>(c);
 }
 
 template <int WGS, int MIN_BLOCKS>

@@ -120,8 +120,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #endif
 }
 
-// The TMA map of a bf16 (B, H, T, 128) tensor at `base` with element strides s (t, h, b; head dims contiguous),
-// boxes of `box_rows` rows x 64 head dims, 128-byte swizzle, rows past T read as zeros.
 // The driver's cuTensorMapEncodeTiled, found once.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -135,6 +133,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
+// The TMA map of a bf16 (B, H, T, 128) tensor at `base` with element strides s (t, h, b; head dims contiguous),
+// boxes of `box_rows` rows x 64 head dims, 128-byte swizzle, rows past T read as zeros.
 inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int H, int T, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   TileMap map;
@@ -150,6 +150,7 @@ inline TileMap make_tile_map(const uint16_t* base, const Strides& s, int B, int 
               ") for a (", B, ", ", H, ", ", T, ", 128) tensor with strides (", s.b, ", ", s.h, ", ", s.t, ")");
   return map;
 }
+
 // The TMA map of a 1D array of n 4-byte elements at `base` (16-byte aligned), boxes of `box` elements, no swizzle,
 // elements past the end read as zeros. Encoded as a (1, n) matrix: the driver refused the rank-1 form (error 1).
 inline VecMap make_vec_map(const void* base, int64_t n, int box) {

@@ -38,7 +38,8 @@ split_variant() {
 for round in $(seq "${ROUNDS:-1}"); do
   for variant in ${VARIANTS:-sm90:1 sm90:2 mma}; do
     split_variant "$variant"
-    timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} --windows ${WINDOWS:-128} \
+    timeout "$(left)" python3 scripts/bench/attention_profile.py --steps 5 --seq ${SEQ:-1024 4096} \
+      --windows ${WINDOWS:-128} \
       --out "$OUT/profile-bwd-$name-$round.json" > "$OUT/profile-bwd-$name-$round.log" 2>&1
     echo "profile $name round $round: exit $?"
   done
