@@ -45,7 +45,7 @@ struct Sm90BwdLayout {
   static constexpr uint32_t kQ = kV + WGS * kTileBytes;  // [2] tiles, by step parity
   static constexpr uint32_t kDO = kQ + 2 * kTileBytes;  // [2] tiles
   static constexpr uint32_t kDS = kDO + 2 * kTileBytes;  // dS^T: [64 WGS keys][64 queries], one swizzled half a WG
-  static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse (128-byte aligned, as the TMA needs)
+  static constexpr uint32_t kLse = kDS + WGS * kHalf;  // float [2][64]: lse * log2 e; TMA 2: lse, 128-byte aligned
   static constexpr uint32_t kDelta = kLse + 2 * 64 * 4;   // float [2][64]
   static constexpr uint32_t kQDocs = kDelta + 2 * 64 * 4;  // int32 [2][64]
   static constexpr uint32_t kBars = kQDocs + 2 * 64 * 4;  // [2] full, by parity (TMA_Q)
@@ -53,16 +53,16 @@ struct Sm90BwdLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
-// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse (+inf
-// past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows' document ids (INT_MIN
-// past T). By all `nthreads` threads of the block.
+// The per-row values of the query tile [q0, q0 + bm) that a backward step reads, into shared arrays of bm: lse in
+// log2 units (+inf past T, so P is 0 there), Delta (0 past T) and, with documents (doc != nullptr), the rows'
+// document ids (INT_MIN past T). By all `nthreads` threads of the block.
 __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float* delta_g, const int32_t* doc, int q0,
                                                  int bm, int T, float* lse_s, float* delta_s, int32_t* qdocs_s,
                                                  int tid, int nthreads) {
   for (int r = tid; r < bm; r += nthreads) {
     const int qi = q0 + r;
     const bool ok = qi < T;
-    lse_s[r] = ok ? lse_g[qi] : INFINITY;
+    lse_s[r] = ok ? lse_g[qi] * kLog2e : INFINITY;
     delta_s[r] = ok ? delta_g[qi] : 0.f;
     if (doc != nullptr) qdocs_s[r] = ok ? doc[qi] : INT_MIN;
   }
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + (e & 1), qc = t4 * 2 + c;
-        float pv = exp2f(s[4 * j + e] * p.scale_log2 - lse_t[qc] * kLog2e);
+        float pv = exp2f(s[4 * j + e] * p.scale_log2 - (TMA_ROWS ? lse_t[qc] * kLog2e : lse_t[qc]));
         if (!full) {
           const int r = e >> 1;
           const bool ok = one_doc ? c >= lo[r] && c <= hi[r]
