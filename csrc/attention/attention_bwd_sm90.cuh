@@ -337,9 +337,11 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     block of 128-key tiles); default 1. Measured on the H200 (docs/BENCHMARKS.md "The Hopper backward's loads by
 //     TMA"): one warpgroup with TMA loads took 1.54 ms at T 4096 causal, one or two with cp.async 1.74, and one with
 //     TMA was the fastest on every mask and length measured.
-//   TSCALE_ATTENTION_SM90_BWD_TMA = 1 (Q and dO by the TMA unit, issued by one thread) | 2 (and the rows' lse,
-//     Delta and document ids with them, instead of plain loads by the block's threads; up to 2^31 - 64 rows of
-//     B H T) | 0 (cp.async from every thread); default 1 (6-12% faster than 0 on every mask and length measured).
+//   TSCALE_ATTENTION_SM90_BWD_TMA = 2 (Q and dO by the TMA unit, issued by one thread, and the rows' lse, Delta
+//     and document ids with them) | 1 (Q and dO by TMA, the rows' values by plain loads of the block's threads) |
+//     0 (cp.async from every thread); default 2, 2-5% off the main kernel against 1 on an H100 (docs/BENCHMARKS.md
+//     "The rows' values by TMA"), and 1 was 6-12% faster than 0 on every mask and length measured. Form 2 runs where
+//     its rows fit (sm90_rows_by_tma) and form 1 elsewhere.
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 1: 2.5% off the kernel at T 4096 causal and 1.6% at
 //     T 1024 causal on an H100, the windowed masks unchanged (docs/BENCHMARKS.md "The Hopper backward's schedule").
@@ -348,13 +350,21 @@ struct Sm90BwdForm {
   bool early_dv;
 };
 
+// Whether the TMA unit can bring a query tile's lse, Delta and document ids: a box's first element must lie on a
+// 16-byte boundary (a misaligned one faults with an illegal instruction), so the arrays start there and T is a
+// multiple of 4 (a tile starts at row b H T + h T + q0 of lse and Delta, b T + q0 of the ids); int32 coordinates
+// address at most 2^31 - 64 rows of B H T.
+inline bool sm90_rows_by_tma(const BwdParams& p) {
+  auto aligned = [](const void* a) { return a == nullptr || reinterpret_cast<uintptr_t>(a) % 16 == 0; };
+  return p.T % 4 == 0 && aligned(p.lse) && aligned(p.delta) && aligned(p.doc) &&
+         static_cast<int64_t>(p.B) * p.H * p.T < INT_MAX - 64;
+}
+
 inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
   Sm90BwdForm f;
   f.wgs = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_WGS", {1, 2}, 1);
-  f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1, 2}, 1);
-  TORCH_CHECK(f.tma < 2 || static_cast<int64_t>(p.B) * p.H * p.T < INT_MAX - 64,
-              "TSCALE_ATTENTION_SM90_BWD_TMA=2 addresses at most 2^31 - 64 rows of B H T; got ",
-              static_cast<int64_t>(p.B) * p.H * p.T, ": set it to 1 or auto");
+  f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1, 2}, 2);
+  if (f.tma == 2 && !sm90_rows_by_tma(p)) f.tma = 1;
   f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1) == 1;
   return f;
 }

@@ -442,9 +442,12 @@ struct VecMap {
   int box;
 };
 
-// Elements [start, start + box) land at dst (128-byte aligned), zeros past the array's end (tma_schedule).
+// Elements [start, start + box) land at dst (128-byte aligned), zeros past the array's end (tma_schedule). The box
+// must start on a 16-byte boundary of global memory: the GPU faults (illegal instruction) where it does not.
 inline void tma_load_vec(uint32_t dst, const VecMap& map, uint32_t bar, int start) {
   if (dst % 128 != 0) emu::fail("tma_load_vec: the destination must be 128-byte aligned");
+  if ((reinterpret_cast<uintptr_t>(map.base) + static_cast<int64_t>(start) * 4) % 16 != 0)
+    emu::fail("tma_load_vec: the box must start on a 16-byte boundary of global memory");
   shared_at(dst, static_cast<size_t>(map.box) * 4, 128);
   tma_schedule(bar, static_cast<int64_t>(map.box) * 4, [dst, map, start] {
     for (int i = 0; i < map.box; ++i) {
