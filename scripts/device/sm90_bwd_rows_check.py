@@ -2,7 +2,7 @@
 
     python3 scripts/device/sm90_bwd_rows_check.py [--forms 1-1-1 1-2-1] [--seq 64 320 333 1024]
 
-A form is WGS-TMA-EARLY_DV (tests/test_attention_kernel.py, HOPPER_BACKWARD_FORMS). For every form and length, one
+A form is WGS-TMA-EARLY_DV (tests/helpers_attention_kernel.py, HOPPER_BACKWARD_FORMS). For every form and length, one
 child process runs layouts none and sparse with windows 0 and 128 (sink on for the second window) and prints one line a
 case: the largest error of dq, dk and dv over the tolerance's bound, or how the process ended. A GPU fault ends only
 its own child, so the table shows which lengths and forms fault.

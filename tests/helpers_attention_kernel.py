@@ -1,0 +1,70 @@
+"""Shared pieces of the attention kernel's GPU and emulator tests: random cases, the float32 reference's gradients,
+the tolerance check, and the kernels' forms set through their environment settings."""
+
+import pytest
+import torch
+from helpers_attention import doc_ids
+
+from tscale.ops.attention import attention_reference
+
+TOL = 2.5e-2
+
+
+def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
+    """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
+    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the pipelined
+    Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES[-PINGPONG]" for the specialised-warp one
+    with BN-key tiles, STAGES buffers and turns between its consumers or not (both skip where they cannot run: head
+    dim 64, or not an sm_90 GPU), or "auto" for the op's own choice."""
+    if fwd.startswith(("sm90", "ws")):
+        if D != 128 or not hopper():
+            pytest.skip("the Hopper forward needs head dim 128 on an sm_90 GPU")
+        form, bn, third, *pingpong = fwd.split("-")
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "sm90")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_PINGPONG", pingpong[0] if pingpong else "auto")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_FWD", "ws" if form == "ws" else "pipelined")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES" if form == "ws" else "TSCALE_ATTENTION_SM90_WGS", third)
+    elif fwd != "auto":
+        rows, blocks = fwd.split("-")
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", rows)
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
+
+
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV": warpgroups a block, Q and dO by cp.async (TMA 0), by TMA (1) or by
+# TMA with the rows' lse, Delta and document ids (2), dV issued as soon as P^T is formed or with dK.
+HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0"]
+
+
+def set_backward_form(form: str, monkeypatch) -> None:
+    """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
+    for name, value in zip(("WGS", "TMA", "EARLY_DV"), form.split("-")):
+        monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
+
+
+def hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def make_case(B, H, T, D, layout, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, T, D, generator=g).to(torch.bfloat16) for _ in range(4))
+    docs = doc_ids(B, T, layout, g)
+    move = (lambda t: t.to(device)) if device != "cpu" else (lambda t: t)
+    return move(q), move(k), move(v), move(do), (move(docs) if docs is not None else None)
+
+
+def reference_grads(q, k, v, do, **kw):
+    """attention_reference in float32 from the same bf16 values: output and dq, dk, dv."""
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    out = attention_reference(*leaves, **kw)
+    return (out.detach(), *torch.autograd.grad(out, leaves, do.float()))
+
+
+def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = TOL) -> None:
+    got = got.float()
+    assert torch.isfinite(got).all(), f"{name}: not finite"
+    err = (got - want).abs().max().item()
+    bound = tol * want.abs().max().item() + 1e-3
+    assert err <= bound, f"{name}: max error {err:.4g} > {bound:.4g}"

@@ -1,0 +1,260 @@
+"""The fused attention kernel's source (csrc/attention) run on CPU through an emulator, against attention_reference.
+
+The emulator (tests/attention_emu) runs the kernels on CPU fibers, one per CUDA thread, with ldmatrix, mma, wgmma,
+cp.async and TMA emulated as the PTX ISA describes them; it costs about a minute of compiling, cached by torch. The
+tests check every kernel and form on small cases with copies landing at random, early and late times, and the custom
+op's autograd, fake tensors and torch.compile. TSCALE_SKIP_EMU=1 skips them.
+Tolerances as in tests/test_attention_kernel.py (helpers_attention_kernel.TOL).
+"""
+
+import pytest
+import torch
+from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, make_case, reference_grads,
+                                      set_backward_form, set_forward_config)
+from helpers_emu import build_emulator
+
+from tscale.ops.attention import attention_kernel
+from tscale.ops.backend import kernels_available
+
+
+# ---------------------------------------------------------------------------------------------
+# Emulator (CPU)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def emu():
+    return build_emulator("tscale_attention_emu", "attention_emu/attention_emu.cpp", ["csrc/attention"])
+
+
+EMU_CASES = [  # B, H, T, D, window, layout, sink
+    (1, 2, 130, 64, 16, "sparse", True),
+    (2, 1, 200, 128, 0, "short", False),
+    (1, 1, 100, 128, 1, "each", True),
+    (1, 1, 257, 64, 128, "none", False),
+    (1, 1, 150, 128, 300, "one", True),
+    (1, 1, 1, 64, 0, "none", True),
+    (1, 1, 300, 64, 0, "short", True),
+    (1, 1, 260, 128, 40, "one", False),  # one document: every masked tile pair lies inside it
+    (2, 1, 400, 64, 100, "sparse", True),  # documents of ~50 tokens: tile pairs inside one and across several
+]
+
+
+@pytest.mark.parametrize("fwd", ["16-2", "32-2", "16-3"])
+@pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
+@pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
+    """With copy_mode 0 the blocks also run in a random order, as hardware may run them."""
+    set_forward_config(fwd, monkeypatch)
+    B, H, T, D, window, layout, sink = case
+    emu.set_seed(T + copy_mode)
+    emu.set_copy_mode(copy_mode)
+    emu.set_block_order(1 - copy_mode)
+    q, k, v, do, docs = make_case(B, H, T, D, layout, seed=T)
+    docs32 = docs.int() if docs is not None else None
+    kw = dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
+    out, lse = emu.fwd(q, k, v, docs32, window, sink, D ** -0.5)
+    dq, dk, dv = emu.bwd(do, q, k, v, out, lse, docs32, window, sink, D ** -0.5)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), reference_grads(q, k, v, do, **kw)):
+        assert_close(name, a, b)
+
+
+EMU_HOPPER_CASES = [c for c in EMU_CASES if c[3] == 128] + [(2, 1, 300, 128, 100, "sparse", True)]
+
+
+def _emulated_case(emu, case, copy_mode):
+    """An EMU_*_CASES entry's inputs with the emulator seeded, in copy_mode, blocks in a random order:
+    (q, k, v, do, int32 document ids or None, the reference's keywords)."""
+    B, H, T, D, window, layout, sink = case
+    emu.set_seed(T + copy_mode)
+    emu.set_copy_mode(copy_mode)
+    emu.set_block_order(1)
+    q, k, v, do, docs = make_case(B, H, T, D, layout, seed=T)
+    docs32 = docs.int() if docs is not None else None
+    return q, k, v, do, docs32, dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
+
+
+def _assert_lse_like_sm80(emu, lse, q, k, v, args) -> None:
+    """A Hopper forward's logsumexp against the emulated sm_80 forward's on the same call: infinite in the same rows,
+    close elsewhere."""
+    _, lse_sm80 = emu.fwd(q, k, v, *args)
+    finite = torch.isfinite(lse_sm80)
+    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], lse_sm80[finite], atol=2e-3)
+
+
+def _nan_framed_views(emu, B, H, T, D, seed):
+    """q, k, v as (B, H, T, D) views of (B, T, H, D) storage between NaN-filled neighbours (a stray read would show),
+    and a plain dO; the emulator set to random copy times and block order."""
+    emu.set_copy_mode(0)
+    emu.set_block_order(1)
+    g = torch.Generator().manual_seed(seed)
+    store = torch.full((B, T, 4, H, D), float("nan"), dtype=torch.bfloat16)  # slot 3 stays NaN
+    store[:, :, :3] = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
+    q, k, v = (store[:, :, i].transpose(1, 2) for i in range(3))
+    return q, k, v, torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2"])
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and products complete at random times / early / late
+@pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_hopper_forward_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
+    """The sm_90a forward's source with its wgmma products emulated (the descriptors' layouts, the products run at
+    issue or at the wait that retires them): output against the reference, logsumexp against the sm_80 forward's,
+    and the sm_80 backward fed by it. With copy_mode 2 every copy and product lands at its wait, so a tile
+    refilled or a fragment touched before its product is done changes the result."""
+    _, bn, wgs = fwd.split("-")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_WGS", wgs)
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
+    args = (docs32, kw["window"], kw["sink"], kw["scale"])
+    out, lse = emu.fwd_sm90(q, k, v, *args)
+    _assert_lse_like_sm80(emu, lse, q, k, v, args)
+    grads = emu.bwd(do, q, k, v, out, lse, *args)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), reference_grads(q, k, v, do, **kw)):
+        assert_close(name, a, b)
+
+
+@pytest.mark.parametrize("form", HOPPER_BACKWARD_FORMS)
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # copies and TMA loads land at random times / early / late
+@pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode, form, monkeypatch):
+    """The sm_90a backward main kernel's source (wgmma: S^T, dP^T, dV, dK and dQ products) between the sm_80 delta and
+    dq kernels, emulated in each form, fed the sm_80 forward's output and logsumexp: dq, dk, dv against the
+    reference. With copy_mode 2 a product lands only at the wait that retires it, so an operand or accumulator
+    touched before then changes the result."""
+    set_backward_form(form, monkeypatch)
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
+    out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
+    grads = emu.bwd_sm90(do, q, k, v, out, lse, docs32, kw["window"], kw["scale"])
+    for name, a, b in zip(("dq", "dk", "dv"), grads, reference_grads(q, k, v, do, **kw)[1:]):
+        assert_close(name, a, b)
+
+
+@pytest.mark.parametrize("form", ["128-2-1", "64-2-1", "128-3-1", "128-2-0"])  # BN-STAGES-PINGPONG
+@pytest.mark.parametrize("copy_mode", [0, 1, 2])  # loads and products land at random times / early / late
+@pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_emulated_hopper_ws_forward_matches_reference(emu, case, copy_mode, form, monkeypatch):
+    """The specialised-warp forward (a producer warp's TMA loads and mbarriers, two consumer warpgroups) against the
+    reference, its logsumexp against the sm_80 forward's. With copy_mode 2 a TMA load lands only at the first wait
+    on its barrier, so a consumer that reads a buffer before waiting sees the 0xFF poison; with copy_mode 1 at
+    issue, so a producer that refills a buffer still being read changes the result. With PINGPONG 1 the consumers
+    take turns through named barriers, which must balance by the block's end."""
+    bn, stages, pingpong = form.split("-")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES", stages)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_PINGPONG", pingpong)
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
+    args = (docs32, kw["window"], kw["sink"], kw["scale"])
+    out, lse = emu.fwd_sm90_ws(q, k, v, *args)
+    _assert_lse_like_sm80(emu, lse, q, k, v, args)
+    assert_close("out", out, reference_grads(q, k, v, do, **kw)[0])
+
+
+def test_emulated_hopper_ws_forward_strided_inputs(emu):
+    """(B, T, H, D) storage seen as (B, H, T, D) through the TMA maps' strides, NaN-filled neighbours around it."""
+    B, H, T, D = 2, 2, 150, 128
+    q, k, v, do = _nan_framed_views(emu, B, H, T, D, seed=2)
+    out, _ = emu.fwd_sm90_ws(q, k, v, None, 0, True, D ** -0.5)
+    assert_close("out", out, reference_grads(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[0])
+
+
+@pytest.mark.parametrize("tma, T", [("0", 150), ("1", 150), ("2", 152), ("2", 150)])
+def test_emulated_hopper_backward_strided_inputs(emu, tma, T, monkeypatch):
+    """The Hopper backward on (B, T, H, D) storage seen as (B, H, T, D), dO strided the same way, NaN-filled
+    neighbours around q, k, v: through the TMA maps' strides or cp.async's. TMA 2 at T 150 runs form 1: its rows'
+    boxes would start off the 16-byte boundaries the TMA unit needs (the emulator fails such a load)."""
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_TMA", tma)
+    B, H, D = 2, 2, 128
+    q, k, v, do = _nan_framed_views(emu, B, H, T, D, seed=4)
+    do = do.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) view of (B, T, H, D) storage
+    out, lse = emu.fwd(q, k, v, None, 0, True, D ** -0.5)
+    grads = emu.bwd_sm90(do, q, k, v, out, lse, None, 0, D ** -0.5)
+    want = reference_grads(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[1:]
+    for name, a, b in zip(("dq", "dk", "dv"), grads, want):
+        assert_close(name, a, b)
+
+
+def test_emulated_hopper_ws_forward_config_is_checked(emu, monkeypatch):
+    q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES", "4")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SM90_STAGES must be one of auto, 2, 3; got '4'"):
+        emu.fwd_sm90_ws(q, k, v, None, 0, False, 0.125)
+
+
+def test_emulated_hopper_forward_refuses_head_dim_64(emu):
+    q, k, v, _, _ = make_case(1, 1, 64, 64, "none")
+    with pytest.raises(RuntimeError, match="serves head dim 128"):
+        emu.fwd_sm90(q, k, v, None, 0, False, 0.125)
+
+
+def test_emulated_forward_config_is_checked(emu, monkeypatch):
+    """Three blocks a multiprocessor exist only for 64-query tiles; a bad override names its variable."""
+    q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "32")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
+    with pytest.raises(RuntimeError, match="needs 16 rows per warp"):
+        emu.fwd(q, k, v, None, 0, False, 0.125)
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "4")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3"):
+        emu.fwd(q, k, v, None, 0, False, 0.125)
+
+
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1")])
+def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
+    """A bad value of a Hopper backward setting names its variable and the values it takes."""
+    q, k, v, do, _ = make_case(1, 1, 64, 128, "none")
+    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
+    name = f"TSCALE_ATTENTION_SM90_BWD_{variable}"
+    monkeypatch.setenv(name, "3")
+    with pytest.raises(RuntimeError, match=f"{name} must be one of auto, {allowed}; got '3'"):
+        emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
+
+
+def test_emulated_kernel_strided_inputs(emu):
+    """(B, T, H, D) storage seen as (B, H, T, D), with NaN-filled neighbours: a stray read would show."""
+    q, k, v, do = _nan_framed_views(emu, B=1, H=2, T=70, D=64, seed=1)
+    out, lse = emu.fwd(q, k, v, None, 0, True, 0.125)
+    grads = emu.bwd(do, q, k, v, out, lse, None, 0, True, 0.125)
+    want = reference_grads(q, k, v, do, window=0, doc_ids=None, sink=True, scale=0.125)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
+        assert_close(name, a, b)
+
+
+def _opcheck_kernel_ops(q, k, v, do, docs, window: int, scale: float) -> None:
+    """The extension's forward and backward ops against their schemas and fake kernels (torch.compile's view)."""
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tscale.attention_fwd_cuda.default, (q, k, v, docs, window, True, scale),
+                          test_utils=utils)
+    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, docs, window, True, scale)
+    torch.library.opcheck(torch.ops.tscale.attention_bwd_cuda.default,
+                          (do, q, k, v, out, lse, docs, window, True, scale), test_utils=utils)
+
+
+@pytest.fixture
+def emulated_op(emu):
+    """The emulator as the CPU kernel of tscale::attention_fwd_cuda / attention_bwd_cuda, for this test only."""
+    if not kernels_available():
+        pytest.skip("tscale._C is not built (the op schemas live there)")
+    lib = torch.library.Library("tscale", "IMPL")
+    lib.impl("attention_fwd_cuda", lambda *a: emu.fwd(*a), "CPU")
+    lib.impl("attention_bwd_cuda", lambda *a: emu.bwd(*a), "CPU")
+    emu.set_copy_mode(0)
+    emu.set_block_order(1)
+    yield
+    lib._destroy()
+
+
+def test_kernel_ops_autograd_fake_and_compile(emulated_op):
+    q, k, v, do, docs = make_case(1, 2, 80, 64, "sparse", seed=3)
+    kw = dict(window=9, doc_ids=docs, sink=True, scale=0.125)
+    want = reference_grads(q, k, v, do, **kw)
+
+    def fn(a, b, c):
+        return attention_kernel(a, b, c, **kw)
+
+    for run in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = run(*leaves)
+        grads = torch.autograd.grad(out, leaves, do)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
+            assert_close(name, a, b)
+    _opcheck_kernel_ops(q, k, v, do, docs.int(), 9, 0.125)
