@@ -198,7 +198,8 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
-@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1")])
+@pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1"),
+                                               ("DQ_FIRST", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = make_case(1, 1, 64, 128, "none")
@@ -206,6 +207,15 @@ def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, 
     name = f"TSCALE_ATTENTION_SM90_BWD_{variable}"
     monkeypatch.setenv(name, "3")
     with pytest.raises(RuntimeError, match=f"{name} must be one of auto, {allowed}; got '3'"):
+        emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
+
+
+def test_emulated_hopper_backward_dq_first_needs_early_dv(emu, monkeypatch):
+    q, k, v, do, _ = make_case(1, 1, 64, 128, "none")
+    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_DQ_FIRST", "1")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", "0")
+    with pytest.raises(RuntimeError, match="DQ_FIRST=1 needs TSCALE_ATTENTION_SM90_BWD_EARLY_DV=1"):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
 
 

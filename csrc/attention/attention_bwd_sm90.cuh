@@ -68,7 +68,7 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
@@ -255,14 +255,17 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     fence_proxy_async();
     __syncthreads();  // dS^T complete for every warp's products
 
-    wgmma_fence();
-    if constexpr (!EARLY_DV) {
+    auto issue_dk_dv = [&] {
+      wgmma_fence();
+      if constexpr (!EARLY_DV) {
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
-    }
+        for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dv, pa[ks], sw128_desc(dot_s + ks * 2048, L::kHalf, 1024));
+      }
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
-    wgmma_commit();
+      for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
+      wgmma_commit();
+    };
+    if constexpr (!DQ_FIRST) issue_dk_dv();
 
     // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
     // warpgroups' halves; K rows (ks % 4) * 16 of warpgroup ks / 4's tile), one head-dim half of 64 at a time: both
@@ -280,7 +283,12 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
                            sw128_desc(k_all + (ks >> 2) * L::kTileBytes + half * L::kHalf + (ks & 3) * 2048, L::kHalf,
                                       1024), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();  // (the first also retires the dK product, and the dV product when issued with it)
+      if (DQ_FIRST && hh == 0) {  // dK (and dV) queued behind the first dQ product, running during its atomics
+        issue_dk_dv();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();  // (the first also retires the dK product, and the dV product when issued with it)
+      }
       fence_registers(dq);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -288,6 +296,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
         for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
       }
     }
+    if constexpr (DQ_FIRST && WGS == 2) wgmma_wait<0>();  // dK and dV retired: the next step refills their Q and dO
     fence_registers(dv);
     fence_registers(dk);
     if constexpr (!EARLY_DV) fence_registers(pa);
@@ -312,7 +321,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -328,7 +337,7 @@ void launch_bwd_sm90_main(const BwdCall& c) {
     if (p.doc != nullptr) maps.docs = make_vec_map(p.doc, static_cast<int64_t>(p.B) * p.T, 64);
   }
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV>, grid, dim3(L::kThreads), L::kBytes, p,
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST>, grid, dim3(L::kThreads), L::kBytes, p,
                 maps);
 }
 
@@ -345,9 +354,12 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 1: 2.5% off the kernel at T 4096 causal and 1.6% at
 //     T 1024 causal on an H100, the windowed masks unchanged (docs/BENCHMARKS.md "The Hopper backward's schedule").
+//   TSCALE_ATTENTION_SM90_BWD_DQ_FIRST = 0 (dK, and dV when not issued early, then dQ's first half, its atomics after
+//     all three) | 1 (dQ's first half issued first, dK and dV queued behind it, so that they run during its atomics;
+//     needs EARLY_DV = 1); default 0.
 struct Sm90BwdForm {
   int wgs, tma;
-  bool early_dv;
+  bool early_dv, dq_first;
 };
 
 // Whether the TMA unit can bring a query tile's lse, Delta and document ids: a box's first element must lie on a
@@ -366,13 +378,19 @@ inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
   f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1, 2}, 2);
   if (f.tma == 2 && !sm90_rows_by_tma(p)) f.tma = 1;
   f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1) == 1;
+  f.dq_first = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_FIRST", {0, 1}, 0) == 1;
+  TORCH_CHECK(!f.dq_first || f.early_dv,
+              "TSCALE_ATTENTION_SM90_BWD_DQ_FIRST=1 needs TSCALE_ATTENTION_SM90_BWD_EARLY_DV=1 (or auto)");
   return f;
 }
 
 template <int WGS, int MIN_BLOCKS, int TMA>
 void launch_bwd_sm90_schedule(const BwdCall& c, const Sm90BwdForm& f) {
-  f.early_dv ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true>(c)
-             : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false>(c);
+  if (!f.early_dv)
+    launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false, false>(c);
+  else
+    f.dq_first ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, true>(c)
+               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, false>(c);
 }
 
 template <int WGS, int MIN_BLOCKS>
