@@ -354,9 +354,10 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //   TSCALE_ATTENTION_SM90_BWD_EARLY_DV = 1 (dV += P^T dO issued as soon as P^T is formed, running while dS^T is) | 0
 //     (issued with dK after the block's wait on dS^T); default 1: 2.5% off the kernel at T 4096 causal and 1.6% at
 //     T 1024 causal on an H100, the windowed masks unchanged (docs/BENCHMARKS.md "The Hopper backward's schedule").
-//   TSCALE_ATTENTION_SM90_BWD_DQ_FIRST = 0 (dK, and dV when not issued early, then dQ's first half, its atomics after
-//     all three) | 1 (dQ's first half issued first, dK and dV queued behind it, so that they run during its atomics;
-//     needs EARLY_DV = 1); default 0.
+//   TSCALE_ATTENTION_SM90_BWD_DQ_FIRST = 1 (dQ's first half issued before dK, which runs during that half's atomics;
+//     needs EARLY_DV = 1) | 0 (dK, and dV when not issued early, then dQ's first half, its atomics after all of
+//     them); default 1 where dV is issued early: 3.1% off the kernel at T 4096 causal and 2.0% at T 1024 causal on an
+//     H100, the windowed masks unchanged (docs/BENCHMARKS.md "dQ's first half before dK").
 struct Sm90BwdForm {
   int wgs, tma;
   bool early_dv, dq_first;
@@ -378,7 +379,8 @@ inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
   f.tma = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_TMA", {0, 1, 2}, 2);
   if (f.tma == 2 && !sm90_rows_by_tma(p)) f.tma = 1;
   f.early_dv = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_EARLY_DV", {0, 1}, 1) == 1;
-  f.dq_first = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_FIRST", {0, 1}, 0) == 1;
+  const int dq_first = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_FIRST", {0, 1}, -1);  // -1: auto
+  f.dq_first = dq_first == -1 ? f.early_dv : dq_first == 1;
   TORCH_CHECK(!f.dq_first || f.early_dv,
               "TSCALE_ATTENTION_SM90_BWD_DQ_FIRST=1 needs TSCALE_ATTENTION_SM90_BWD_EARLY_DV=1 (or auto)");
   return f;
