@@ -129,7 +129,7 @@ def test_emulated_hopper_backward_matches_reference(emu, case, copy_mode, form, 
         assert_close(name, a, b)
 
 
-@pytest.mark.parametrize("form", ["128-2-1", "64-2-1", "128-3-1", "128-2-0"])  # BN-STAGES-PINGPONG
+@pytest.mark.parametrize("form", ["128-2-1", "64-2-1", "128-3-1", "128-2-0", "128-2-0-1", "64-2-0-1"])  # BN-STAGES-PINGPONG[-PERSISTENT]
 @pytest.mark.parametrize("copy_mode", [0, 1, 2])  # loads and products land at random times / early / late
 @pytest.mark.parametrize("case", EMU_HOPPER_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_hopper_ws_forward_matches_reference(emu, case, copy_mode, form, monkeypatch):
@@ -137,11 +137,13 @@ def test_emulated_hopper_ws_forward_matches_reference(emu, case, copy_mode, form
     reference, its logsumexp against the sm_80 forward's. With copy_mode 2 a TMA load lands only at the first wait
     on its barrier, so a consumer that reads a buffer before waiting sees the 0xFF poison; with copy_mode 1 at
     issue, so a producer that refills a buffer still being read changes the result. With PINGPONG 1 the consumers
-    take turns through named barriers, which must balance by the block's end."""
-    bn, stages, pingpong = form.split("-")
+    take turns through named barriers, which must balance by the block's end. With PERSISTENT 1 the emulated device's
+    three blocks each walk several work tiles, one ring of K and V buffers and two Q buffers across them."""
+    bn, stages, pingpong, *persistent = form.split("-")
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES", stages)
     monkeypatch.setenv("TSCALE_ATTENTION_SM90_PINGPONG", pingpong)
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_PERSISTENT", persistent[0] if persistent else "0")
     q, k, v, do, docs32, kw = _emulated_case(emu, case, copy_mode)
     args = (docs32, kw["window"], kw["sink"], kw["scale"])
     out, lse = emu.fwd_sm90_ws(q, k, v, *args)
@@ -171,6 +173,32 @@ def test_emulated_hopper_backward_strided_inputs(emu, tma, T, monkeypatch):
     want = reference_grads(q, k, v, do, window=0, doc_ids=None, sink=True, scale=D ** -0.5)[1:]
     for name, a, b in zip(("dq", "dk", "dv"), grads, want):
         assert_close(name, a, b)
+
+
+@pytest.mark.parametrize("blocks", ["1", "2"])
+def test_emulated_persistent_forward_with_fewer_blocks(emu, blocks, monkeypatch):
+    """One or two blocks walk every work tile of a call with documents, a window and rows past T."""
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_PERSISTENT", "1")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BLOCKS", blocks)
+    q, k, v, do, docs32, kw = _emulated_case(emu, (2, 2, 330, 128, 200, "short", True), copy_mode=0)
+    args = (docs32, kw["window"], kw["sink"], kw["scale"])
+    out, lse = emu.fwd_sm90_ws(q, k, v, *args)
+    _assert_lse_like_sm80(emu, lse, q, k, v, args)
+    assert_close("out", out, reference_grads(q, k, v, do, **kw)[0])
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"TSCALE_ATTENTION_SM90_BLOCKS": "0"}, "TSCALE_ATTENTION_SM90_BLOCKS must be auto or a count from 1 to 65535"),
+    ({"TSCALE_ATTENTION_SM90_PINGPONG": "1"}, "PERSISTENT=1 runs two buffers without turns"),
+    ({"TSCALE_ATTENTION_SM90_STAGES": "3"}, "PERSISTENT=1 runs two buffers without turns"),
+])
+def test_emulated_persistent_forward_config_is_checked(emu, monkeypatch, settings, message):
+    q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_PERSISTENT", "1")
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError, match=message):
+        emu.fwd_sm90_ws(q, k, v, None, 0, False, 0.125)
 
 
 def test_emulated_hopper_ws_forward_config_is_checked(emu, monkeypatch):

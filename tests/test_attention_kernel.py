@@ -74,7 +74,7 @@ def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 16, 128, 300])
 @pytest.mark.parametrize("fwd", ["sm90-64-1", "sm90-128-1", "sm90-64-2", "sm90-128-2", "ws-128-2-1", "ws-64-2-1",
-                                 "ws-128-3-1", "ws-128-2-0"])
+                                 "ws-128-3-1", "ws-128-2-0", "ws-128-2-0-1", "ws-64-2-0-1"])
 def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch):
     """The sm_90a forwards (wgmma) on every mask rule: the pipelined one at both key-tile sizes with one or two
     warpgroups a block, the specialised-warp one (TMA loads) at both tile sizes with two or three buffers, its

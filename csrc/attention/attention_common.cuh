@@ -253,6 +253,23 @@ struct ForwardKeyTiles {
     }
     return block_extreme(slot, true, mine, own, /*is_min=*/true);
   }
+  // The same, found by the 32 lanes of one warp on their own (no block-wide wait): for kernels whose warps take
+  // different roles.
+  __device__ __forceinline__ int first_by_warp(int q0, int window, int lane) const {
+    const int from = window > 0 ? imax(0, q0 - window + 1) / bn : 0;
+    if (!docs) return from;
+    const int own = q0 / bn;
+    int mine = own;
+    for (int t = from + lane; t < own; t += 32) {
+      if (seen(t)) {
+        mine = t;
+        break;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mine = imin(mine, warp_xor_i32(mine, o));
+    return mine;
+  }
 };
 
 __device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const FwdParams& p, int b, int q0, int bm, int bn) {

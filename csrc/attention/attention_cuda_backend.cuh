@@ -132,6 +132,13 @@ inline bool hopper_kernel_chosen(const char* env_name, const char* what, const a
   return can && (forced || auto_prefers);
 }
 
+// Multiprocessors of the current device.
+inline int multiprocessor_count() {
+  int n = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
+  return n;
+}
+
 struct DeviceScope {
   explicit DeviceScope(const at::Tensor& t) : guard(t.device()) {}
   c10::cuda::CUDAGuard guard;

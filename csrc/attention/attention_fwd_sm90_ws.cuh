@@ -17,6 +17,8 @@
 // Hopper forward's (store_output_rows).
 #pragma once
 
+#include <algorithm>
+
 #include "attention_fwd_sm90.cuh"
 #include "tma_sm90.cuh"
 
@@ -28,19 +30,23 @@ struct Sm90FwdMaps {
   TileMap q, k, v;
 };
 
-template <int BN, int STAGES>
+// QBUFS Q tiles: one, or two for the persistent kernel (the next work tile's Q lands during this one's last steps).
+template <int BN, int STAGES, int QBUFS = 1>
 struct Sm90WsLayout {
   static constexpr int kThreads = 384;
   static constexpr int kBM = 128;                           // queries per block: 64 per consumer warpgroup
   static constexpr uint32_t kHalfQ = kBM * 128;             // bytes of one half (64 head dims) of the Q tile
   static constexpr uint32_t kHalfKV = BN * 128;             // of a K or V tile
   static constexpr uint32_t kTileKV = 2 * kHalfKV;
-  static constexpr uint32_t kQ = 0;
-  static constexpr uint32_t kK = kQ + 2 * kHalfQ;           // buffer s at kK + s kTileKV
+  static constexpr uint32_t kQ = 0;                         // Q buffer qb at kQ + qb 2 kHalfQ
+  static constexpr uint32_t kK = kQ + QBUFS * 2 * kHalfQ;   // buffer s at kK + s kTileKV
   static constexpr uint32_t kV = kK + STAGES * kTileKV;     // buffer s at kV + s kTileKV
   static constexpr uint32_t kKeyDocs = kV + STAGES * kTileKV;  // int32 [STAGES][BN], by K buffer
-  static constexpr uint32_t kBars = kKeyDocs + STAGES * BN * 4;  // Q full, then per buffer: K full, K empty, V full, V empty
-  static constexpr uint32_t kSlot = kBars + 8 * (1 + 4 * STAGES);
+  // Barriers: Q full [QBUFS], Q empty [QBUFS] (persistent kernel only), then per buffer: K full, K empty, V full,
+  // V empty.
+  static constexpr uint32_t kBars = kKeyDocs + STAGES * BN * 4;
+  static constexpr uint32_t kStageBars = kBars + 8 * (QBUFS == 1 ? 1 : 2 * QBUFS);
+  static constexpr uint32_t kSlot = kStageBars + 8 * 4 * STAGES;
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
@@ -58,7 +64,7 @@ __global__ void __launch_bounds__(384, 1)
   int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
   const uint32_t q_full = base + L::kBars;
-  auto k_full = [&](int s) { return base + L::kBars + 8 * (1 + 4 * s); };
+  auto k_full = [&](int s) { return base + L::kStageBars + 32 * s; };
   auto k_empty = [&](int s) { return k_full(s) + 8; };
   auto v_full = [&](int s) { return k_full(s) + 16; };
   auto v_empty = [&](int s) { return k_full(s) + 24; };
@@ -172,6 +178,162 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+// One work tile of the persistent kernel: the BM-query tile at q0 of head h, batch row b. Work tiles are numbered
+// longest first: all the last query tiles of every (head, batch row), then the ones before, and so on.
+struct FwdWork {
+  int q0, h, b;
+};
+
+__device__ __forceinline__ FwdWork fwd_work(int w, int n_qtiles, int H, int B, int bm) {
+  const int band = H * B, r = w % band;
+  return FwdWork{(n_qtiles - 1 - w / band) * bm, r % H, r / H};
+}
+
+// The specialised-warp forward as a persistent kernel: gridDim.x blocks (one a multiprocessor) walk the work tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... in the order of fwd_work, so that a block's start (barriers, the first
+// loads) is paid once and the next work tile's Q and first K and V tiles land while this one's last steps and its
+// epilogue run. The producer warp keeps one ring of K and V buffers across work tiles and loads each Q into one of
+// two buffers, which the eight consumer warps release ("Q empty") once their epilogue has copied out the output rows
+// staged there. Each warp finds a work tile's first key tile itself (ForwardKeyTiles::first_by_warp). Consumers do
+// not take turns here.
+template <int BN, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    attention_fwd_sm90_ws_persistent_kernel(const FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
+#ifdef TSCALE_SM90A_DEVICE
+  using L = Sm90WsLayout<BN, STAGES, 2>;
+  constexpr int BM = L::kBM;
+  TSCALE_ATTN_DYNAMIC_SMEM(smem_raw);
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
+  unsigned char* smem = smem_raw + (base - raw);
+  int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
+  auto q_buf = [&](int qb) { return base + L::kQ + qb * 2 * L::kHalfQ; };
+  auto q_full = [&](int qb) { return base + L::kBars + 8 * qb; };
+  auto q_empty = [&](int qb) { return base + L::kBars + 16 + 8 * qb; };
+  auto k_full = [&](int s) { return base + L::kStageBars + 32 * s; };
+  auto k_empty = [&](int s) { return k_full(s) + 8; };
+  auto v_full = [&](int s) { return k_full(s) + 16; };
+  auto v_empty = [&](int s) { return k_full(s) + 24; };
+  auto k_buf = [&](int s) { return base + L::kK + s * L::kTileKV; };
+  auto v_buf = [&](int s) { return base + L::kV + s * L::kTileKV; };
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+  const int T = p.T, window = p.window;
+  const int n_qtiles = (T + BM - 1) / BM, n_work = n_qtiles * p.H * p.B;
+  const bool docs = p.doc != nullptr;
+  if (tid == 0) {
+    for (int qb = 0; qb < 2; ++qb) {
+      mbar_init(q_full(qb), 1);
+      mbar_init(q_empty(qb), 8);  // the consumer warps, after their epilogue
+    }
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), 32);  // the producer warp's lanes, after their key documents
+      mbar_init(k_empty(s), 8);  // the consumer warps
+      mbar_init(v_full(s), 1);
+      mbar_init(v_empty(s), 8);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // the producer
+    setmaxnreg_dec<48>();  // its walk over work tiles spills at 40; 48 + 2 x 232 registers fill the file
+    if (tid >= 32) return;
+    int i = 0, n = 0;  // key tiles loaded, work tiles begun
+    for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
+      const FwdWork wk = fwd_work(w, n_qtiles, p.H, p.B, BM);
+      const int32_t* doc = docs ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
+      const ForwardKeyTiles tiles = forward_key_tiles(p, wk.b, wk.q0, BM, BN);
+      const int qb = n & 1;
+      mbar_wait(q_empty(qb), ((n >> 1) & 1) ^ 1);  // released by the work tile two before
+      if (lane == 0) {
+        mbar_arrive_expect_tx(q_full(qb), 2 * L::kHalfQ);
+        tma_load_tile(q_buf(qb), L::kHalfQ, maps.q, q_full(qb), wk.q0, wk.h, wk.b);
+      }
+      for (int t = tiles.first_by_warp(wk.q0, window, lane); t >= 0; t = tiles.next(t), ++i) {
+        const int s = i % STAGES;
+        const uint32_t freed = ((i / STAGES) & 1) ^ 1;  // the phase in which the consumers released buffer s
+        mbar_wait(k_empty(s), freed);
+        if (docs) stage_key_docs(key_docs + s * BN, doc, t * BN, BN, T, lane, 32);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(k_full(s), L::kTileKV);
+          tma_load_tile(k_buf(s), L::kHalfKV, maps.k, k_full(s), t * BN, wk.h, wk.b);
+        } else {
+          mbar_arrive(k_full(s));
+        }
+        mbar_wait(v_empty(s), freed);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(v_full(s), L::kTileKV);
+          tma_load_tile(v_buf(s), L::kHalfKV, maps.v, v_full(s), t * BN, wk.h, wk.b);
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int cw = (tid - 128) / 32, cwg = wg - 1;  // the warp's 16 rows among the block's 128; its warpgroup's 64
+  const int g = lane >> 2, t4 = lane & 3;
+  int i = 0, n = 0;  // key tiles consumed, work tiles begun
+  for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
+    const FwdWork wk = fwd_work(w, n_qtiles, p.H, p.B, BM);
+    const int32_t* doc = docs ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
+    const ForwardKeyTiles tiles = forward_key_tiles(p, wk.b, wk.q0, BM, BN);
+    const int q0 = wk.q0, row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
+    const int qb = n & 1;
+    const uint32_t q_s = q_buf(qb);
+    int rdoc[2];
+    float o[64];              // O accumulator: 64 rows x 128 head dims
+    uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
+    float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
+    start_rows(p, doc, row0, rdoc, o, m, l);
+    mbar_wait(q_full(qb), (n >> 1) & 1);
+    int k = 0, prev = 0, nt = -1;  // tiles done in this work tile; the buffer of the previous tile; the next tile
+    uint32_t prev_parity = 0;
+    for (int t = tiles.first_by_warp(q0, window, lane); t >= 0; t = nt, ++i, ++k) {
+      const int s = i % STAGES;
+      const uint32_t parity = (i / STAGES) & 1;  // of the phase that fills buffer s with tile t
+      nt = tiles.next(t);
+      mbar_wait(k_full(s), parity);
+      if (k > 0) mbar_wait(v_full(prev), prev_parity);
+      float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
+      issue_s<BN>(s_acc, q_s + cwg * 64 * 128, L::kHalfQ, k_buf(s));
+      if (k > 0) {
+        issue_pv<BN>(o, pa, v_buf(prev));
+        wgmma_wait<1>();  // S(t) is done; the P V product may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_registers(s_acc);
+
+      const TileMask mask = tile_mask<BM, BN>(tiles, t, q0, row0, t4, T, window, key_docs + s * BN);
+      float alpha[2];
+      softmax_tile<BN>(s_acc, m, l, alpha, p.scale_log2, mask, rdoc);
+      if (lane == 0) mbar_arrive(k_empty(s));  // K(t) and its key documents are read
+
+      wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
+      fence_registers(o);
+      fence_registers(pa);
+      if (k > 0 && lane == 0) mbar_arrive(v_empty(prev));
+      rescale_and_pack<BN>(o, pa, s_acc, alpha);
+      prev = s;
+      prev_parity = parity;
+    }
+    if (k > 0) {  // the last tile's P V product
+      mbar_wait(v_full(prev), prev_parity);
+      issue_pv<BN>(o, pa, v_buf(prev));
+      wgmma_wait<0>();
+      fence_registers(o);
+      if (lane == 0) mbar_arrive(v_empty(prev));
+    }
+    store_output_rows<BM>(p, o, m, l, q_s, cw, lane, q0, wk.b, wk.h);
+    warp_sync();          // every lane's rows copied out of the Q buffer
+    fence_proxy_async();  // ... before the next TMA load writes it
+    if (lane == 0) mbar_arrive(q_empty(qb));
+  }
+#endif
+}
+
 template <int BN, int STAGES, bool PINGPONG>
 void launch_fwd_sm90_ws_config(const FwdParams& p) {
   using L = Sm90WsLayout<BN, STAGES>;
@@ -179,6 +341,18 @@ void launch_fwd_sm90_ws_config(const FwdParams& p) {
                          make_tile_map(p.v, p.sv, p.B, p.H, p.T, BN)};
   const dim3 grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
   launch_kernel(attention_fwd_sm90_ws_kernel<BN, STAGES, PINGPONG>, grid, dim3(L::kThreads), L::kBytes, p, maps);
+}
+
+template <int BN, int STAGES>
+void launch_fwd_sm90_ws_persistent(const FwdParams& p) {
+  using L = Sm90WsLayout<BN, STAGES, 2>;
+  const Sm90FwdMaps maps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, L::kBM), make_tile_map(p.k, p.sk, p.B, p.H, p.T, BN),
+                         make_tile_map(p.v, p.sv, p.B, p.H, p.T, BN)};
+  const int64_t n_work = static_cast<int64_t>((p.T + L::kBM - 1) / L::kBM) * p.H * p.B;
+  TORCH_CHECK(n_work < INT_MAX, "attention_fwd_cuda: too many query tiles for the persistent forward: ", n_work);
+  const int blocks = static_cast<int>(std::min<int64_t>(n_work, persistent_blocks()));
+  launch_kernel(attention_fwd_sm90_ws_persistent_kernel<BN, STAGES>, dim3(blocks), dim3(L::kThreads), L::kBytes, p,
+                maps);
 }
 
 template <int BN, int STAGES>
@@ -190,12 +364,21 @@ void launch_fwd_sm90_ws_stages(const FwdParams& p, bool pingpong) {
 // (TSCALE_ATTENTION_SM90_STAGES = 2 | 3, default 2) and turns between the consumers (TSCALE_ATTENTION_SM90_PINGPONG
 // = 0 | 1, default 0). Defaults as measured on an H100 (docs/BENCHMARKS.md): 128-key tiles 18-28% faster than
 // 64-key ones on the causal mask, a third buffer no faster, turns 10-14% slower (each consumer already overlaps its
-// softmax with its own P V product; the turns only add waits).
+// softmax with its own P V product; the turns only add waits). TSCALE_ATTENTION_SM90_PERSISTENT = 0 | 1 (the
+// persistent kernel, two buffers without turns only; its block count TSCALE_ATTENTION_SM90_BLOCKS, default the
+// multiprocessors); default 0.
 inline void launch_fwd_sm90_ws(const FwdParams& p) {
   TORCH_CHECK(p.D == 128, "attention_fwd_cuda: the Hopper forward serves head dim 128, got ", p.D);
   const int bn = sm90_env_choice("TSCALE_ATTENTION_SM90_BN", {64, 128}, 128);
   const int stages = sm90_env_choice("TSCALE_ATTENTION_SM90_STAGES", {2, 3}, 2);
   const bool pingpong = sm90_env_choice("TSCALE_ATTENTION_SM90_PINGPONG", {0, 1}, 0) == 1;
+  const bool persistent = sm90_env_choice("TSCALE_ATTENTION_SM90_PERSISTENT", {0, 1}, 0) == 1;
+  if (persistent) {
+    TORCH_CHECK(!pingpong && stages == 2, "TSCALE_ATTENTION_SM90_PERSISTENT=1 runs two buffers without turns: "
+                "set TSCALE_ATTENTION_SM90_PINGPONG and TSCALE_ATTENTION_SM90_STAGES to auto");
+    bn == 128 ? launch_fwd_sm90_ws_persistent<128, 2>(p) : launch_fwd_sm90_ws_persistent<64, 2>(p);
+    return;
+  }
   if (bn == 128)
     stages == 2 ? launch_fwd_sm90_ws_stages<128, 2>(p, pingpong) : launch_fwd_sm90_ws_stages<128, 3>(p, pingpong);
   else

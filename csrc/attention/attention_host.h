@@ -97,5 +97,17 @@ inline int sm90_env_choice(const char* name, std::initializer_list<int> allowed,
   return fallback;
 }
 
+// Blocks of a persistent kernel: TSCALE_ATTENTION_SM90_BLOCKS when set (a positive count), else one a multiprocessor
+// of the current device (multiprocessor_count, from the backend).
+inline int persistent_blocks() {
+  const char* env = std::getenv("TSCALE_ATTENTION_SM90_BLOCKS");
+  if (env == nullptr || std::strcmp(env, "auto") == 0) return multiprocessor_count();
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  TORCH_CHECK(end != env && *end == '\0' && n > 0 && n <= 65535,
+              "TSCALE_ATTENTION_SM90_BLOCKS must be auto or a count from 1 to 65535; got '", env, "'");
+  return static_cast<int>(n);
+}
+
 }  // namespace
 }  // namespace tscale::attn

@@ -411,8 +411,13 @@ inline void tma_schedule(uint32_t bar, int64_t bytes, Land land) {
   };
   emu::Runtime& r = emu::rt();
   const bool early = r.copy_mode == 1 || (r.copy_mode == 0 && (r.rng() & 1));
-  if (early) landing();
-  else emu::mbarrier_at(bar).late_loads.push_back(landing);
+  if (early) {
+    landing();
+    return;
+  }
+  emu::mbarrier_at(bar).late_loads.push_back(landing);
+  for (auto& f : r.fibers)  // a thread already asleep on bar wakes to land it, as the first wait after the issue
+    if (f->state == emu::State::kMbarrier && f->mbarrier == bar) f->state = emu::State::kReady;
 }
 
 // The box (box_rows x 64 head dims from d0) lands in the swizzled half at dst (tma_schedule).
@@ -486,6 +491,9 @@ inline void check_device(const at::Tensor& t, const char* op, const char* name) 
 struct DeviceScope {
   explicit DeviceScope(const at::Tensor&) {}
 };
+
+// The emulated device's multiprocessors: few, so that a persistent kernel's blocks each walk several work tiles.
+inline int multiprocessor_count() { return 3; }
 
 // Launches with at most emu::rt().smem_limit bytes of dynamic shared memory: the opt-in limit of sm_86 / sm_89,
 // the smallest of the targets, unless an entry for Hopper kernels raised it to sm_90's.
