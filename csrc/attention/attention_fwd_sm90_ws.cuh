@@ -50,6 +50,113 @@ struct Sm90WsLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
+// The ring of K and V buffers of layout L at `base` (1024-byte aligned) and their barriers, by buffer s.
+template <class L, int STAGES>
+struct WsRing {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t k_full(int s) const { return base + L::kStageBars + 32 * s; }
+  __device__ __forceinline__ uint32_t k_empty(int s) const { return k_full(s) + 8; }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return k_full(s) + 16; }
+  __device__ __forceinline__ uint32_t v_empty(int s) const { return k_full(s) + 24; }
+  __device__ __forceinline__ uint32_t k_buf(int s) const { return base + L::kK + s * L::kTileKV; }
+  __device__ __forceinline__ uint32_t v_buf(int s) const { return base + L::kV + s * L::kTileKV; }
+  // Its barriers' counts: K full by the producer warp's lanes (after their key documents), the rest by one TMA
+  // issue or by the eight consumer warps. By one thread.
+  __device__ __forceinline__ void init() const {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), 32);
+      mbar_init(k_empty(s), 8);
+      mbar_init(v_full(s), 1);
+      mbar_init(v_empty(s), 8);
+    }
+  }
+};
+
+// The producer warp's loads of key tile t (of head h, batch row b) into ring buffer i % STAGES, once the consumers
+// have released it: K and the tile's key documents (staged by the warp's lanes, doc != nullptr) on K full, V on V full.
+template <class L, int BN, int STAGES>
+__device__ __forceinline__ void produce_key_tile(const WsRing<L, STAGES>& r, const Sm90FwdMaps& maps, int i, int t,
+                                                 int h, int b, const int32_t* doc, int T, int lane, int32_t* key_docs) {
+  const int s = i % STAGES;
+  const uint32_t freed = ((i / STAGES) & 1) ^ 1;  // the phase in which the consumers released buffer s
+  mbar_wait(r.k_empty(s), freed);
+  if (doc != nullptr) stage_key_docs(key_docs + s * BN, doc, t * BN, BN, T, lane, 32);
+  if (lane == 0) {
+    mbar_arrive_expect_tx(r.k_full(s), L::kTileKV);
+    tma_load_tile(r.k_buf(s), L::kHalfKV, maps.k, r.k_full(s), t * BN, h, b);
+  } else {
+    mbar_arrive(r.k_full(s));
+  }
+  mbar_wait(r.v_empty(s), freed);
+  if (lane == 0) {
+    mbar_arrive_expect_tx(r.v_full(s), L::kTileKV);
+    tma_load_tile(r.v_buf(s), L::kHalfKV, maps.v, r.v_full(s), t * BN, h, b);
+  }
+}
+
+// A consumer warpgroup's rows of one query tile as it walks the key tiles: the O accumulator, the previous tile's
+// P, the running max and sums, and which ring buffer holds the previous tile's V.
+template <int BN>
+struct WsRows {
+  float o[64];              // O accumulator: 64 rows x 128 head dims
+  uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
+  float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
+  int rdoc[2];              // the rows' document ids
+  int prev = 0;             // the buffer of the previous tile
+  uint32_t prev_parity = 0;
+};
+
+// One key tile t (ring buffer i % STAGES; `done` tiles of this query tile before it) of a consumer warpgroup cwg
+// whose Q rows are at q_rows:
+//   wait K(t); issue S(t) = Q K(t)^T;  wait V(t - 1); issue O += P(t - 1) V(t - 1)
+//   wait for S(t); mask, running max and exponentials of S(t); free K(t)
+//   wait for the P V product; free V(t - 1); rescale O; P(t) from S(t)
+// With PINGPONG the issue is a turn between named barriers 1 and 2 (`more`: a tile follows this one).
+template <class L, int BN, int STAGES, bool PINGPONG>
+__device__ __forceinline__ void consume_key_tile(const WsRing<L, STAGES>& r, const FwdParams& p,
+                                                 const ForwardKeyTiles& tiles, WsRows<BN>& w, int t, int i, int done,
+                                                 bool more, int cwg, uint32_t q_rows, int q0, int row0, int t4,
+                                                 int lane, const int32_t* key_docs) {
+  const int s = i % STAGES;
+  const uint32_t parity = (i / STAGES) & 1;  // of the phase that fills buffer s with tile t
+  mbar_wait(r.k_full(s), parity);
+  if (done > 0) mbar_wait(r.v_full(w.prev), w.prev_parity);
+  if (PINGPONG) named_barrier_sync(1 + cwg, 256);
+  float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
+  issue_s<BN>(s_acc, q_rows, L::kHalfQ, r.k_buf(s));
+  if (done > 0) issue_pv<BN>(w.o, w.pa, r.v_buf(w.prev));
+  if (PINGPONG && (cwg == 0 || more)) named_barrier_arrive(2 - cwg, 256);
+  if (done > 0) {
+    wgmma_wait<1>();  // S(t) is done; the P V product may still run
+  } else {
+    wgmma_wait<0>();
+  }
+  fence_registers(s_acc);
+
+  const TileMask mask = tile_mask<L::kBM, BN>(tiles, t, q0, row0, t4, p.T, p.window, key_docs + s * BN);
+  float alpha[2];
+  softmax_tile<BN>(s_acc, w.m, w.l, alpha, p.scale_log2, mask, w.rdoc);
+  if (lane == 0) mbar_arrive(r.k_empty(s));  // K(t) and its key documents are read
+
+  wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
+  fence_registers(w.o);
+  fence_registers(w.pa);
+  if (done > 0 && lane == 0) mbar_arrive(r.v_empty(w.prev));
+  rescale_and_pack<BN>(w.o, w.pa, s_acc, alpha);
+  w.prev = s;
+  w.prev_parity = parity;
+}
+
+// The last tile's P V product, and (release) its V buffer freed for the producer.
+template <class L, int BN, int STAGES>
+__device__ __forceinline__ void finish_rows(const WsRing<L, STAGES>& r, WsRows<BN>& w, int lane, bool release) {
+  mbar_wait(r.v_full(w.prev), w.prev_parity);
+  issue_pv<BN>(w.o, w.pa, r.v_buf(w.prev));
+  wgmma_wait<0>();
+  fence_registers(w.o);
+  if (release && lane == 0) mbar_arrive(r.v_empty(w.prev));
+}
+
 template <int BN, int STAGES, bool PINGPONG>
 __global__ void __launch_bounds__(384, 1)
     attention_fwd_sm90_ws_kernel(const FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
@@ -64,12 +171,7 @@ __global__ void __launch_bounds__(384, 1)
   int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
   const uint32_t q_full = base + L::kBars;
-  auto k_full = [&](int s) { return base + L::kStageBars + 32 * s; };
-  auto k_empty = [&](int s) { return k_full(s) + 8; };
-  auto v_full = [&](int s) { return k_full(s) + 16; };
-  auto v_empty = [&](int s) { return k_full(s) + 24; };
-  auto k_buf = [&](int s) { return base + L::kK + s * L::kTileKV; };
-  auto v_buf = [&](int s) { return base + L::kV + s * L::kTileKV; };
+  const WsRing<L, STAGES> ring{base};
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
   const int T = p.T, window = p.window;
@@ -77,18 +179,12 @@ __global__ void __launch_bounds__(384, 1)
   const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = qt * BM;
-  const bool docs = p.doc != nullptr;
-  const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
+  const int32_t* doc = p.doc != nullptr ? p.doc + static_cast<int64_t>(b) * T : nullptr;
   const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, BN);
   const int first = tiles.first(q0, window, tid, L::kThreads, slot);
   if (tid == 0) {
     mbar_init(q_full, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(k_full(s), 32);  // the producer warp's lanes, after their key documents
-      mbar_init(k_empty(s), 8);  // the consumer warps
-      mbar_init(v_full(s), 1);
-      mbar_init(v_empty(s), 8);
-    }
+    ring.init();
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -101,23 +197,8 @@ __global__ void __launch_bounds__(384, 1)
       tma_load_tile(q_s, L::kHalfQ, maps.q, q_full, q0, h, b);
     }
     int i = 0;
-    for (int t = first; t >= 0; t = tiles.next(t), ++i) {
-      const int s = i % STAGES;
-      const uint32_t freed = ((i / STAGES) & 1) ^ 1;  // the phase in which the consumers released buffer s
-      mbar_wait(k_empty(s), freed);
-      if (docs) stage_key_docs(key_docs + s * BN, doc, t * BN, BN, T, lane, 32);
-      if (lane == 0) {
-        mbar_arrive_expect_tx(k_full(s), L::kTileKV);
-        tma_load_tile(k_buf(s), L::kHalfKV, maps.k, k_full(s), t * BN, h, b);
-      } else {
-        mbar_arrive(k_full(s));
-      }
-      mbar_wait(v_empty(s), freed);
-      if (lane == 0) {
-        mbar_arrive_expect_tx(v_full(s), L::kTileKV);
-        tma_load_tile(v_buf(s), L::kHalfKV, maps.v, v_full(s), t * BN, h, b);
-      }
-    }
+    for (int t = first; t >= 0; t = tiles.next(t), ++i)
+      produce_key_tile<L, BN, STAGES>(ring, maps, i, t, h, b, doc, T, lane, key_docs);
     return;
   }
 
@@ -125,56 +206,21 @@ __global__ void __launch_bounds__(384, 1)
   const int cw = (tid - 128) / 32, cwg = wg - 1;  // the warp's 16 rows among the block's 128; its warpgroup's 64
   const int g = lane >> 2, t4 = lane & 3;
   const int row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
-  int rdoc[2];
-  float o[64];              // O accumulator: 64 rows x 128 head dims
-  uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
-  float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
-  start_rows(p, doc, row0, rdoc, o, m, l);
+  WsRows<BN> rows;
+  start_rows(p, doc, row0, rows.rdoc, rows.o, rows.m, rows.l);
 
   // PINGPONG: consumer c issues after named_barrier_sync(1 + c), then lets the other go; the first turn is the first
   // consumer's. Each barrier sees as many arrivals as waits: the second consumer skips its last hand-over.
   if (PINGPONG && cwg == 1) named_barrier_arrive(1, 256);
   mbar_wait(q_full, 0);
-  int i = 0, prev = 0, nt = -1;  // tiles done; the buffer of the previous tile; the next tile
-  uint32_t prev_parity = 0;
-  for (int t = first; t >= 0; t = nt, ++i) {
-    const int s = i % STAGES;
-    const uint32_t parity = (i / STAGES) & 1;  // of the phase that fills buffer s with tile t
+  int i = 0;  // tiles done
+  for (int t = first, nt; t >= 0; t = nt, ++i) {
     nt = tiles.next(t);
-    mbar_wait(k_full(s), parity);
-    if (i > 0) mbar_wait(v_full(prev), prev_parity);
-    if (PINGPONG) named_barrier_sync(1 + cwg, 256);
-    float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
-    issue_s<BN>(s_acc, q_s + cwg * 64 * 128, L::kHalfQ, k_buf(s));
-    if (i > 0) issue_pv<BN>(o, pa, v_buf(prev));
-    if (PINGPONG && (cwg == 0 || nt >= 0)) named_barrier_arrive(2 - cwg, 256);
-    if (i > 0) {
-      wgmma_wait<1>();  // S(t) is done; the P V product may still run
-    } else {
-      wgmma_wait<0>();
-    }
-    fence_registers(s_acc);
-
-    const TileMask mask = tile_mask<BM, BN>(tiles, t, q0, row0, t4, T, window, key_docs + s * BN);
-    float alpha[2];
-    softmax_tile<BN>(s_acc, m, l, alpha, p.scale_log2, mask, rdoc);
-    if (lane == 0) mbar_arrive(k_empty(s));  // K(t) and its key documents are read
-
-    wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
-    fence_registers(o);
-    fence_registers(pa);
-    if (i > 0 && lane == 0) mbar_arrive(v_empty(prev));
-    rescale_and_pack<BN>(o, pa, s_acc, alpha);
-    prev = s;
-    prev_parity = parity;
+    consume_key_tile<L, BN, STAGES, PINGPONG>(ring, p, tiles, rows, t, i, i, nt >= 0, cwg, q_s + cwg * 64 * 128, q0,
+                                              row0, t4, lane, key_docs);
   }
-  if (i > 0) {  // the last tile's P V product
-    mbar_wait(v_full(prev), prev_parity);
-    issue_pv<BN>(o, pa, v_buf(prev));
-    wgmma_wait<0>();
-    fence_registers(o);
-  }
-  store_output_rows<BM>(p, o, m, l, q_s, cw, lane, q0, b, h);
+  if (i > 0) finish_rows<L, BN, STAGES>(ring, rows, lane, /*release=*/false);
+  store_output_rows<BM>(p, rows.o, rows.m, rows.l, q_s, cw, lane, q0, b, h);
 #endif
 }
 
@@ -210,28 +256,17 @@ __global__ void __launch_bounds__(384, 1)
   auto q_buf = [&](int qb) { return base + L::kQ + qb * 2 * L::kHalfQ; };
   auto q_full = [&](int qb) { return base + L::kBars + 8 * qb; };
   auto q_empty = [&](int qb) { return base + L::kBars + 16 + 8 * qb; };
-  auto k_full = [&](int s) { return base + L::kStageBars + 32 * s; };
-  auto k_empty = [&](int s) { return k_full(s) + 8; };
-  auto v_full = [&](int s) { return k_full(s) + 16; };
-  auto v_empty = [&](int s) { return k_full(s) + 24; };
-  auto k_buf = [&](int s) { return base + L::kK + s * L::kTileKV; };
-  auto v_buf = [&](int s) { return base + L::kV + s * L::kTileKV; };
+  const WsRing<L, STAGES> ring{base};
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
   const int T = p.T, window = p.window;
   const int n_qtiles = (T + BM - 1) / BM, n_work = n_qtiles * p.H * p.B;
-  const bool docs = p.doc != nullptr;
   if (tid == 0) {
     for (int qb = 0; qb < 2; ++qb) {
       mbar_init(q_full(qb), 1);
       mbar_init(q_empty(qb), 8);  // the consumer warps, after their epilogue
     }
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(k_full(s), 32);  // the producer warp's lanes, after their key documents
-      mbar_init(k_empty(s), 8);  // the consumer warps
-      mbar_init(v_full(s), 1);
-      mbar_init(v_empty(s), 8);
-    }
+    ring.init();
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -242,7 +277,7 @@ __global__ void __launch_bounds__(384, 1)
     int i = 0, n = 0;  // key tiles loaded, work tiles begun
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
       const FwdWork wk = fwd_work(w, n_qtiles, p.H, p.B, BM);
-      const int32_t* doc = docs ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
+      const int32_t* doc = p.doc != nullptr ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
       const ForwardKeyTiles tiles = forward_key_tiles(p, wk.b, wk.q0, BM, BN);
       const int qb = n & 1;
       mbar_wait(q_empty(qb), ((n >> 1) & 1) ^ 1);  // released by the work tile two before
@@ -250,23 +285,8 @@ __global__ void __launch_bounds__(384, 1)
         mbar_arrive_expect_tx(q_full(qb), 2 * L::kHalfQ);
         tma_load_tile(q_buf(qb), L::kHalfQ, maps.q, q_full(qb), wk.q0, wk.h, wk.b);
       }
-      for (int t = tiles.first_by_warp(wk.q0, window, lane); t >= 0; t = tiles.next(t), ++i) {
-        const int s = i % STAGES;
-        const uint32_t freed = ((i / STAGES) & 1) ^ 1;  // the phase in which the consumers released buffer s
-        mbar_wait(k_empty(s), freed);
-        if (docs) stage_key_docs(key_docs + s * BN, doc, t * BN, BN, T, lane, 32);
-        if (lane == 0) {
-          mbar_arrive_expect_tx(k_full(s), L::kTileKV);
-          tma_load_tile(k_buf(s), L::kHalfKV, maps.k, k_full(s), t * BN, wk.h, wk.b);
-        } else {
-          mbar_arrive(k_full(s));
-        }
-        mbar_wait(v_empty(s), freed);
-        if (lane == 0) {
-          mbar_arrive_expect_tx(v_full(s), L::kTileKV);
-          tma_load_tile(v_buf(s), L::kHalfKV, maps.v, v_full(s), t * BN, wk.h, wk.b);
-        }
-      }
+      for (int t = tiles.first_by_warp(wk.q0, window, lane); t >= 0; t = tiles.next(t), ++i)
+        produce_key_tile<L, BN, STAGES>(ring, maps, i, t, wk.h, wk.b, doc, T, lane, key_docs);
     }
     return;
   }
@@ -277,56 +297,22 @@ __global__ void __launch_bounds__(384, 1)
   int i = 0, n = 0;  // key tiles consumed, work tiles begun
   for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
     const FwdWork wk = fwd_work(w, n_qtiles, p.H, p.B, BM);
-    const int32_t* doc = docs ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
+    const int32_t* doc = p.doc != nullptr ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
     const ForwardKeyTiles tiles = forward_key_tiles(p, wk.b, wk.q0, BM, BN);
     const int q0 = wk.q0, row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
     const int qb = n & 1;
     const uint32_t q_s = q_buf(qb);
-    int rdoc[2];
-    float o[64];              // O accumulator: 64 rows x 128 head dims
-    uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A operands, one per k-step of 16 keys
-    float m[2], l[2];         // running max (log2 domain) and this thread's share of the sums, per row
-    start_rows(p, doc, row0, rdoc, o, m, l);
+    WsRows<BN> rows;
+    start_rows(p, doc, row0, rows.rdoc, rows.o, rows.m, rows.l);
     mbar_wait(q_full(qb), (n >> 1) & 1);
-    int k = 0, prev = 0, nt = -1;  // tiles done in this work tile; the buffer of the previous tile; the next tile
-    uint32_t prev_parity = 0;
-    for (int t = tiles.first_by_warp(q0, window, lane); t >= 0; t = nt, ++i, ++k) {
-      const int s = i % STAGES;
-      const uint32_t parity = (i / STAGES) & 1;  // of the phase that fills buffer s with tile t
+    int done = 0;  // key tiles of this work tile
+    for (int t = tiles.first_by_warp(q0, window, lane), nt; t >= 0; t = nt, ++i, ++done) {
       nt = tiles.next(t);
-      mbar_wait(k_full(s), parity);
-      if (k > 0) mbar_wait(v_full(prev), prev_parity);
-      float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
-      issue_s<BN>(s_acc, q_s + cwg * 64 * 128, L::kHalfQ, k_buf(s));
-      if (k > 0) {
-        issue_pv<BN>(o, pa, v_buf(prev));
-        wgmma_wait<1>();  // S(t) is done; the P V product may still run
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_registers(s_acc);
-
-      const TileMask mask = tile_mask<BM, BN>(tiles, t, q0, row0, t4, T, window, key_docs + s * BN);
-      float alpha[2];
-      softmax_tile<BN>(s_acc, m, l, alpha, p.scale_log2, mask, rdoc);
-      if (lane == 0) mbar_arrive(k_empty(s));  // K(t) and its key documents are read
-
-      wgmma_wait<0>();  // the P V product of tile t - 1: O and P free again
-      fence_registers(o);
-      fence_registers(pa);
-      if (k > 0 && lane == 0) mbar_arrive(v_empty(prev));
-      rescale_and_pack<BN>(o, pa, s_acc, alpha);
-      prev = s;
-      prev_parity = parity;
+      consume_key_tile<L, BN, STAGES, false>(ring, p, tiles, rows, t, i, done, nt >= 0, cwg, q_s + cwg * 64 * 128,
+                                             q0, row0, t4, lane, key_docs);
     }
-    if (k > 0) {  // the last tile's P V product
-      mbar_wait(v_full(prev), prev_parity);
-      issue_pv<BN>(o, pa, v_buf(prev));
-      wgmma_wait<0>();
-      fence_registers(o);
-      if (lane == 0) mbar_arrive(v_empty(prev));
-    }
-    store_output_rows<BM>(p, o, m, l, q_s, cw, lane, q0, wk.b, wk.h);
+    if (done > 0) finish_rows<L, BN, STAGES>(ring, rows, lane, /*release=*/true);
+    store_output_rows<BM>(p, rows.o, rows.m, rows.l, q_s, cw, lane, q0, wk.b, wk.h);
     warp_sync();          // every lane's rows copied out of the Q buffer
     fence_proxy_async();  // ... before the next TMA load writes it
     if (lane == 0) mbar_arrive(q_empty(qb));
