@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   if (wg == 0) {  // the producer
-    setmaxnreg_dec<48>();  // its walk over work tiles spills at 40; 48 + 2 x 232 registers fill the file
+    setmaxnreg_dec<40>();  // (its walk over work tiles spills 32 bytes at 40; the consumers' 232 need the rest)
     if (tid >= 32) return;
     int i = 0, n = 0;  // key tiles loaded, work tiles begun
     for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
