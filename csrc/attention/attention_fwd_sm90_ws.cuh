@@ -352,7 +352,8 @@ void launch_fwd_sm90_ws_stages(const FwdParams& p, bool pingpong) {
 // 64-key ones on the causal mask, a third buffer no faster, turns 10-14% slower (each consumer already overlaps its
 // softmax with its own P V product; the turns only add waits). TSCALE_ATTENTION_SM90_PERSISTENT = 0 | 1 (the
 // persistent kernel, two buffers without turns only; its block count TSCALE_ATTENTION_SM90_BLOCKS, default the
-// multiprocessors); default 0.
+// multiprocessors); default 0: its static order made the causal forward 15-19% slower on an H100
+// (docs/BENCHMARKS.md "A persistent Hopper forward").
 inline void launch_fwd_sm90_ws(const FwdParams& p) {
   TORCH_CHECK(p.D == 128, "attention_fwd_cuda: the Hopper forward serves head dim 128, got ", p.D);
   const int bn = sm90_env_choice("TSCALE_ATTENTION_SM90_BN", {64, 128}, 128);
