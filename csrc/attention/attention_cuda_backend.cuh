@@ -78,6 +78,7 @@ __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor
 __device__ __forceinline__ int warp_xor_i32(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ int atomic_fetch_add_i32(int* p, int v) { return atomicAdd(p, v); }
 // Four zero floats at a 16-byte aligned global address, one store.
 __device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }
 // 32 bits to shared memory; 16 bytes from shared memory to a 16-byte aligned global address.
@@ -130,6 +131,11 @@ inline bool hopper_kernel_chosen(const char* env_name, const char* what, const a
   TORCH_CHECK(can || !forced, env_name, "=sm90: the Hopper ", what, " needs head dim 128, an sm_90 GPU and a build ",
               "for sm_90a (TORCH_CUDA_ARCH_LIST with 9.0); got head dim ", D);
   return can && (forced || auto_prefers);
+}
+
+// n int32 zeros on the current device (a work counter for a persistent kernel).
+inline at::Tensor zeroed_i32(int64_t n) {
+  return at::zeros({n}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, c10::cuda::current_device()));
 }
 
 // Multiprocessors of the current device.

@@ -235,16 +235,19 @@ __device__ __forceinline__ FwdWork fwd_work(int w, int n_qtiles, int H, int B, i
   return FwdWork{(n_qtiles - 1 - w / band) * bm, r % H, r / H};
 }
 
-// The specialised-warp forward as a persistent kernel: gridDim.x blocks (one a multiprocessor) walk the work tiles
-// blockIdx.x, blockIdx.x + gridDim.x, ... in the order of fwd_work, so that a block's start (barriers, the first
-// loads) is paid once and the next work tile's Q and first K and V tiles land while this one's last steps and its
-// epilogue run. The producer warp keeps one ring of K and V buffers across work tiles and loads each Q into one of
-// two buffers, which the eight consumer warps release ("Q empty") once their epilogue has copied out the output rows
-// staged there. Each warp finds a work tile's first key tile itself (ForwardKeyTiles::first_by_warp). Consumers do
-// not take turns here.
+// The specialised-warp forward as a persistent kernel: gridDim.x blocks (one a multiprocessor) walk the work tiles in
+// the order of fwd_work, block b starting with tile b and then taking the next one from a counter in global memory
+// (next_work, zero at the launch: tile gridDim.x + its value), so that a block that finishes early takes more, as
+// the hardware's own block dispatch would, and its start (barriers, the first loads) is paid once: the next work
+// tile's Q and first K and V tiles land while this one's last steps and its epilogue run. The producer warp takes the
+// tiles, keeps one ring of K and V buffers across them and loads each Q into one of two buffers, writing the tile's
+// number beside it (-1 after the last: the consumers stop); the eight consumer warps release a Q buffer ("Q empty")
+// once their epilogue has copied out the output rows staged there. Each warp finds a work tile's first key tile
+// itself (ForwardKeyTiles::first_by_warp). Consumers do not take turns here.
 template <int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1)
-    attention_fwd_sm90_ws_persistent_kernel(const FwdParams p, const __grid_constant__ Sm90FwdMaps maps) {
+    attention_fwd_sm90_ws_persistent_kernel(const FwdParams p, const __grid_constant__ Sm90FwdMaps maps,
+                                            int* next_work) {
 #ifdef TSCALE_SM90A_DEVICE
   using L = Sm90WsLayout<BN, STAGES, 2>;
   constexpr int BM = L::kBM;
@@ -253,6 +256,7 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;  // swizzled tiles start at multiples of 1024 bytes
   unsigned char* smem = smem_raw + (base - raw);
   int32_t* key_docs = reinterpret_cast<int32_t*>(smem + L::kKeyDocs);
+  int* work_of = reinterpret_cast<int*>(smem + L::kSlot);  // [2]: the work tile of Q buffer qb, -1 after the last
   auto q_buf = [&](int qb) { return base + L::kQ + qb * 2 * L::kHalfQ; };
   auto q_full = [&](int qb) { return base + L::kBars + 8 * qb; };
   auto q_empty = [&](int qb) { return base + L::kBars + 16 + 8 * qb; };
@@ -274,37 +278,50 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // the producer
     setmaxnreg_dec<40>();  // (its walk over work tiles spills 32 bytes at 40; the consumers' 232 need the rest)
     if (tid >= 32) return;
-    int i = 0, n = 0;  // key tiles loaded, work tiles begun
-    for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
+    int i = 0, w = blockIdx.x;  // key tiles loaded; the work tile
+    for (int n = 0;; ++n) {      // work tiles begun
+      const int qb = n & 1;
+      mbar_wait(q_empty(qb), ((n >> 1) & 1) ^ 1);  // released by the work tile two before
+      if (w >= n_work) {  // no more: the consumers read -1 and stop
+        if (lane == 0) {
+          work_of[qb] = -1;
+          mbar_arrive(q_full(qb));
+        }
+        return;
+      }
       const FwdWork wk = fwd_work(w, n_qtiles, p.H, p.B, BM);
       const int32_t* doc = p.doc != nullptr ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
       const ForwardKeyTiles tiles = forward_key_tiles(p, wk.b, wk.q0, BM, BN);
-      const int qb = n & 1;
-      mbar_wait(q_empty(qb), ((n >> 1) & 1) ^ 1);  // released by the work tile two before
       if (lane == 0) {
+        work_of[qb] = w;
         mbar_arrive_expect_tx(q_full(qb), 2 * L::kHalfQ);
         tma_load_tile(q_buf(qb), L::kHalfQ, maps.q, q_full(qb), wk.q0, wk.h, wk.b);
       }
       for (int t = tiles.first_by_warp(wk.q0, window, lane); t >= 0; t = tiles.next(t), ++i)
         produce_key_tile<L, BN, STAGES>(ring, maps, i, t, wk.h, wk.b, doc, T, lane, key_docs);
+      int next = lane == 0 ? static_cast<int>(gridDim.x) + atomic_fetch_add_i32(next_work, 1) : 0;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) next += warp_xor_i32(next, o);  // lane 0's to every lane
+      w = next;
     }
-    return;
   }
 
   setmaxnreg_inc<232>();
   const int cw = (tid - 128) / 32, cwg = wg - 1;  // the warp's 16 rows among the block's 128; its warpgroup's 64
   const int g = lane >> 2, t4 = lane & 3;
-  int i = 0, n = 0;  // key tiles consumed, work tiles begun
-  for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++n) {
+  int i = 0;                  // key tiles consumed
+  for (int n = 0;; ++n) {      // work tiles begun
+    const int qb = n & 1;
+    mbar_wait(q_full(qb), (n >> 1) & 1);
+    const int w = work_of[qb];
+    if (w < 0) break;
     const FwdWork wk = fwd_work(w, n_qtiles, p.H, p.B, BM);
     const int32_t* doc = p.doc != nullptr ? p.doc + static_cast<int64_t>(wk.b) * T : nullptr;
     const ForwardKeyTiles tiles = forward_key_tiles(p, wk.b, wk.q0, BM, BN);
     const int q0 = wk.q0, row0 = q0 + 16 * cw + g;  // this thread's rows: row0 and row0 + 8
-    const int qb = n & 1;
     const uint32_t q_s = q_buf(qb);
     WsRows<BN> rows;
     start_rows(p, doc, row0, rows.rdoc, rows.o, rows.m, rows.l);
-    mbar_wait(q_full(qb), (n >> 1) & 1);
     int done = 0;  // key tiles of this work tile
     for (int t = tiles.first_by_warp(q0, window, lane), nt; t >= 0; t = nt, ++i, ++done) {
       nt = tiles.next(t);
@@ -337,8 +354,9 @@ void launch_fwd_sm90_ws_persistent(const FwdParams& p) {
   const int64_t n_work = static_cast<int64_t>((p.T + L::kBM - 1) / L::kBM) * p.H * p.B;
   TORCH_CHECK(n_work < INT_MAX, "attention_fwd_cuda: too many query tiles for the persistent forward: ", n_work);
   const int blocks = static_cast<int>(std::min<int64_t>(n_work, persistent_blocks()));
+  const at::Tensor next_work = zeroed_i32(1);  // (freed after the launch: the allocator reuses it in stream order)
   launch_kernel(attention_fwd_sm90_ws_persistent_kernel<BN, STAGES>, dim3(blocks), dim3(L::kThreads), L::kBytes, p,
-                maps);
+                maps, next_work.data_ptr<int>());
 }
 
 template <int BN, int STAGES>
@@ -352,8 +370,8 @@ void launch_fwd_sm90_ws_stages(const FwdParams& p, bool pingpong) {
 // 64-key ones on the causal mask, a third buffer no faster, turns 10-14% slower (each consumer already overlaps its
 // softmax with its own P V product; the turns only add waits). TSCALE_ATTENTION_SM90_PERSISTENT = 0 | 1 (the
 // persistent kernel, two buffers without turns only; its block count TSCALE_ATTENTION_SM90_BLOCKS, default the
-// multiprocessors); default 0: its static order made the causal forward 15-19% slower on an H100
-// (docs/BENCHMARKS.md "A persistent Hopper forward").
+// multiprocessors); default 0: with a fixed order of work tiles it made the causal forward 15-19% slower on an H100
+// (docs/BENCHMARKS.md "A persistent Hopper forward"); the order taken from a counter has not been timed yet.
 inline void launch_fwd_sm90_ws(const FwdParams& p) {
   TORCH_CHECK(p.D == 128, "attention_fwd_cuda: the Hopper forward serves head dim 128, got ", p.D);
   const int bn = sm90_env_choice("TSCALE_ATTENTION_SM90_BN", {64, 128}, 128);

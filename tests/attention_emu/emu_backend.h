@@ -222,6 +222,11 @@ inline int warp_xor_i32(int v, int mask) { return warp_xor_any(v, mask, 5); }
 
 // Fibers never run at once, so read-modify-write is atomic here.
 inline void atomic_add_f32(float* p, float v) { *p += v; }
+inline int atomic_fetch_add_i32(int* p, int v) {  // (fibers take turns: no other thread runs in between)
+  const int old = *p;
+  *p += v;
+  return old;
+}
 inline void store_zero_16(float* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_zero_16 at an address that is not 16-byte aligned");
   std::memset(p, 0, 16);
@@ -494,6 +499,8 @@ struct DeviceScope {
 
 // The emulated device's multiprocessors: few, so that a persistent kernel's blocks each walk several work tiles.
 inline int multiprocessor_count() { return 3; }
+
+inline at::Tensor zeroed_i32(int64_t n) { return at::zeros({n}, at::kInt); }
 
 // Launches with at most emu::rt().smem_limit bytes of dynamic shared memory: the opt-in limit of sm_86 / sm_89,
 // the smallest of the targets, unless an entry for Hopper kernels raised it to sm_90's.
