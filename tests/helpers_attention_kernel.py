@@ -13,9 +13,10 @@ TOL = 2.5e-2
 def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
     """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
     128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the pipelined
-    Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES[-PINGPONG[-PERSISTENT]]" for the specialised-warp one
-    with BN-key tiles, STAGES buffers and turns between its consumers or not (both skip where they cannot run: head
-    dim 64, or not an sm_90 GPU), or "auto" for the op's own choice."""
+    Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES[-PINGPONG[-PERSISTENT]]" for the
+    specialised-warp one with BN-key tiles, STAGES buffers, turns between its consumers or not, and its persistent
+    form (two blocks) or not (both skip where they cannot run: head dim 64, or not an sm_90 GPU), or "auto" for the
+    op's own choice."""
     if fwd.startswith(("sm90", "ws")):
         if D != 128 or not hopper():
             pytest.skip("the Hopper forward needs head dim 128 on an sm_90 GPU")
@@ -23,6 +24,7 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "sm90")
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_PINGPONG", turns[0] if turns else "auto")
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_PERSISTENT", turns[1] if len(turns) > 1 else "auto")
+        monkeypatch.setenv("TSCALE_ATTENTION_SM90_BLOCKS", "2")  # a persistent form's blocks walk several query tiles
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_FWD", "ws" if form == "ws" else "pipelined")
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES" if form == "ws" else "TSCALE_ATTENTION_SM90_WGS", third)

@@ -78,8 +78,9 @@ def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
 def test_hopper_forward_matches_reference(fwd, window, layout, sink, monkeypatch):
     """The sm_90a forwards (wgmma) on every mask rule: the pipelined one at both key-tile sizes with one or two
     warpgroups a block, the specialised-warp one (TMA loads) at both tile sizes with two or three buffers, its
-    consumers taking turns or not; the
-    backward after it is the sm_80 kernel's, fed the Hopper forward's output and logsumexp."""
+    consumers taking turns or not, and its persistent form (two blocks walking the call's 2 x 3 x 3 = 18 query tiles,
+    TSCALE_ATTENTION_SM90_BLOCKS); the backward after it is the sm_80 kernel's, fed the Hopper forward's output and
+    logsumexp."""
     set_forward_config(fwd, monkeypatch)
     _check_kernel(*make_case(2, 3, 333, 128, layout, seed=window + 1, device="cuda"), window=window, sink=sink)
 
