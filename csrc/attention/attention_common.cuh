@@ -241,34 +241,31 @@ struct ForwardKeyTiles {
   // The first one: the window's, then the first whose documents meet the queries' (the tile of q0 always does),
   // found by all `nthreads` threads of the block at once; each must call it (block_extreme, `slot`).
   __device__ __forceinline__ int first(int q0, int window, int tid, int nthreads, int* slot) const {
-    const int from = window > 0 ? imax(0, q0 - window + 1) / bn : 0;
+    const int from = window_first(q0, window);
     if (!docs) return from;
     const int own = q0 / bn;
-    int mine = own;
-    for (int t = from + tid; t < own; t += nthreads) {
-      if (seen(t)) {
-        mine = t;
-        break;  // this thread's later candidates are larger
-      }
-    }
-    return block_extreme(slot, true, mine, own, /*is_min=*/true);
+    return block_extreme(slot, true, first_candidate(from, own, tid, nthreads), own, /*is_min=*/true);
   }
   // The same, found by the 32 lanes of one warp on their own (no block-wide wait): for kernels whose warps take
   // different roles.
   __device__ __forceinline__ int first_by_warp(int q0, int window, int lane) const {
-    const int from = window > 0 ? imax(0, q0 - window + 1) / bn : 0;
+    const int from = window_first(q0, window);
     if (!docs) return from;
-    const int own = q0 / bn;
-    int mine = own;
-    for (int t = from + lane; t < own; t += 32) {
-      if (seen(t)) {
-        mine = t;
-        break;
-      }
-    }
+    int mine = first_candidate(from, q0 / bn, lane, 32);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mine = imin(mine, warp_xor_i32(mine, o));
     return mine;
+  }
+  // The first key tile of the window (0 without one) for the query tile at q0.
+  __device__ __forceinline__ int window_first(int q0, int window) const {
+    return window > 0 ? imax(0, q0 - window + 1) / bn : 0;
+  }
+  // One thread's share of the search for the first tile: the first of tiles from + k, from + k + stride, ... before
+  // `own` whose documents meet the queries', else `own`.
+  __device__ __forceinline__ int first_candidate(int from, int own, int k, int stride) const {
+    for (int t = from + k; t < own; t += stride)
+      if (seen(t)) return t;  // this thread's later candidates are larger
+    return own;
   }
 };
 

@@ -107,11 +107,8 @@ struct WsRows {
 };
 
 // One key tile t (ring buffer i % STAGES; `done` tiles of this query tile before it) of a consumer warpgroup cwg
-// whose Q rows are at q_rows:
-//   wait K(t); issue S(t) = Q K(t)^T;  wait V(t - 1); issue O += P(t - 1) V(t - 1)
-//   wait for S(t); mask, running max and exponentials of S(t); free K(t)
-//   wait for the P V product; free V(t - 1); rescale O; P(t) from S(t)
-// With PINGPONG the issue is a turn between named barriers 1 and 2 (`more`: a tile follows this one).
+// whose Q rows are at q_rows: the step of the consumers' loop in this file's head. With PINGPONG the issue is a turn
+// between named barriers 1 and 2 (`more`: a tile follows this one).
 template <class L, int BN, int STAGES, bool PINGPONG>
 __device__ __forceinline__ void consume_key_tile(const WsRing<L, STAGES>& r, const FwdParams& p,
                                                  const ForwardKeyTiles& tiles, WsRows<BN>& w, int t, int i, int done,

@@ -6,7 +6,7 @@
 #
 #   bash scripts/device/sm90_forward.sh OUT_DIR [SECONDS]      (repository root, on the GPU machine)
 #
-# Writes OUT_DIR/{build,tests}.log, OUT_DIR/profile-{CONFIG}-{ROUND}.json (attention_profile.py; CONFIG = auto, mma
+# Writes OUT_DIR/{build,tests}.log, OUT_DIR/profile-{CONFIG}-r{ROUND}.json (attention_profile.py; CONFIG = auto, mma
 # or sm90-BN-WGS or ws-BN-STAGES-PINGPONG[-PERSISTENT]; CONFIGS overrides the list, ROUNDS (default 1) repeats it;
 # TESTS_K selects the tests by pytest -k, all of the file's by default, TESTS=0 skips them) and, with HEADLINE=1, the
 # op's own choice timed by attention_kernel.py (OUT_DIR/attention_kernel.json and .log).
@@ -31,10 +31,10 @@ for round in $(seq "${ROUNDS:-1}"); do
       form="TSCALE_ATTENTION_SM90_FWD=pipelined TSCALE_ATTENTION_SM90_WGS=${third:-1}"
     fi
     env TSCALE_ATTENTION_FWD_KERNEL=$kernel TSCALE_ATTENTION_SM90_BN=${bn:-64} $form timeout "$(left)" \
-      python3 scripts/bench/attention_profile.py --steps 10 --out "$OUT/profile-$cfg-$round.json" \
-      > "$OUT/profile-$cfg-$round.log" 2>&1
+      python3 scripts/bench/attention_profile.py --steps 10 --out "$OUT/profile-$cfg-r$round.json" \
+      > "$OUT/profile-$cfg-r$round.log" 2>&1
     echo "profile $cfg round $round: exit $?"
-    grep -E "^T|fwd" "$OUT/profile-$cfg-$round.log"
+    grep -E "^T|fwd" "$OUT/profile-$cfg-r$round.log"
   done
 done
 if [ "${HEADLINE:-0}" = 1 ]; then
