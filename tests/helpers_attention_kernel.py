@@ -35,16 +35,19 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
 
 
-# The Hopper backward's forms, "WGS-TMA-EARLY_DV[-DQ_FIRST]": warpgroups a block, Q and dO by cp.async (TMA 0), by TMA
-# (1) or by TMA with the rows' lse, Delta and document ids (2), dV issued as soon as P^T is formed or with dK, and dK
-# issued before dQ's first half or queued behind it (DQ_FIRST; auto when left out: 1 with dV early, else 0).
+# The Hopper backward's forms, "WGS-TMA-EARLY_DV[-DQ_FIRST[-DQ_V4]]": warpgroups a block, Q and dO by cp.async (TMA
+# 0), by TMA (1) or by TMA with the rows' lse, Delta and document ids (2), dV issued as soon as P^T is formed or with
+# dK, dK issued before dQ's first half or queued behind it (DQ_FIRST; auto when left out: 1 with dV early, else 0),
+# and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0).
 HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0",
-                         "1-2-1-0", "2-2-1-0", "1-1-1-0"]
+                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1"]
+BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
 
 
 def set_backward_form(form: str, monkeypatch) -> None:
     """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
-    for name, value in zip(("WGS", "TMA", "EARLY_DV", "DQ_FIRST"), form.split("-") + ["auto"]):
+    values = form.split("-")
+    for name, value in zip(BACKWARD_SETTINGS, values + ["auto"] * (len(BACKWARD_SETTINGS) - len(values))):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 
 

@@ -227,7 +227,7 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
 
 
 @pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1"),
-                                               ("DQ_FIRST", "0, 1")])
+                                               ("DQ_FIRST", "0, 1"), ("DQ_V4", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = make_case(1, 1, 64, 128, "none")

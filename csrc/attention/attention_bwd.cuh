@@ -17,8 +17,10 @@
 //      memory so that rows leave as 16-byte stores (4-byte stores of fragment pairs, 16 bytes per row
 //      per instruction, cost the H200 far more than the bytes: docs/BENCHMARKS.md, "Whole-row stores").
 // dQ is accumulated with atomics (no second pass that would recompute S and dP): dq_accum holds,
-// for each 16-query x 8-dim block of each (b, h), its 128 floats in mma accumulator order
-// (element c of lane L at c * 32 + L), so one warp-wide atomicAdd covers 32 consecutive floats.
+// for each 16-query x 8-dim block of each (b, h), its 128 floats in mma accumulator order, either
+// element-major (element c of lane L at c * 32 + L: one warp-wide atomicAdd covers 32 consecutive
+// floats; the sm_80 kernel's order) or lane-major (at L * 4 + c: one four-float vector atomic per lane
+// covers 128, sm_90 and later; the Hopper kernel's with TSCALE_ATTENTION_SM90_BWD_DQ_V4).
 // Summation order varies from run to run, so dq is not bit-reproducible (dk, dv are).
 //
 // Query tiles visited by the key tile [k0, k0 + 64): causal, from the tile of query k0; window,
@@ -312,10 +314,10 @@ struct DqLayout {
 };
 
 // dq (B, H, T, D) bf16 (token-major storage) = scale * dq_accum, read back in the fragment order the backward
-// kernel accumulated it in. One warp per 16-row strip of one (b, h): each 16 x 8 fragment block is 128 floats in
-// a row (c0..c3 of the 32 lanes), read as four coalesced 128-byte loads and staged in shared memory, so that the
-// rows leave as 16-byte stores, whole rows at a time.
-template <int D>
+// kernel accumulated it in (LANE_MAJOR: lane L's c0..c3 at 4 L.., else c at 32 c + L). One warp per 16-row strip of
+// one (b, h): each 16 x 8 fragment block is 128 floats in a row, read as four coalesced 128-byte loads (or one
+// 16-byte load a lane) and staged in shared memory, so that the rows leave as 16-byte stores, whole rows at a time.
+template <int D, bool LANE_MAJOR = false>
 __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p) {
   constexpr int P = DqLayout<D>::kPitch;
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
@@ -326,13 +328,19 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
   const int64_t bh = strip / strips;
   const int row0 = static_cast<int>(strip - bh * strips) * 16;
   const uint32_t stage = smem_addr(smem) + warp * 16 * P * 2;  // (16, P) bf16
-  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D + lane;  // the strip's D / 8 fragment blocks
+  const float* blk = p.dq_accum + (bh * p.T_pad + row0) * D;  // the strip's D / 8 fragment blocks
 #pragma unroll 4
   for (int j = 0; j < D / 8; ++j) {
-    const float* f = blk + j * 128;
+    float c[4];  // this lane's accumulator elements c0..c3 of block j: rows g, g + 8; columns 2 t4, 2 t4 + 1
+    if constexpr (LANE_MAJOR) {
+      load_f32x4(c, blk + j * 128 + lane * 4);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[e] = blk[j * 128 + e * 32 + lane];
+    }
     const uint32_t at = stage + (g * P + j * 8 + t4 * 2) * 2;
-    st_shared_u32(at, pack_bf16(f[0] * p.scale, f[32] * p.scale));
-    st_shared_u32(at + 8 * P * 2, pack_bf16(f[64] * p.scale, f[96] * p.scale));
+    st_shared_u32(at, pack_bf16(c[0] * p.scale, c[1] * p.scale));
+    st_shared_u32(at + 8 * P * 2, pack_bf16(c[2] * p.scale, c[3] * p.scale));
   }
   warp_sync();
   store_rows<D>(p.dq + (bh / p.H) * p.sg.b + (bh % p.H) * p.sg.h, p.sg.t, row0, stage, imin(16, p.T - row0), lane);
@@ -424,9 +432,9 @@ inline void launch_bwd_delta(const BwdCall& c) {
   launch_kernel(attention_bwd_delta_kernel<D>, dim3(static_cast<unsigned>(c.delta_blocks)), dim3(kThreads), 0, c.p);
 }
 
-template <int D>
+template <int D, bool LANE_MAJOR = false>
 inline void launch_bwd_dq(const BwdCall& c) {
-  launch_kernel(attention_bwd_dq_kernel<D>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
+  launch_kernel(attention_bwd_dq_kernel<D, LANE_MAJOR>, dim3(static_cast<unsigned>(c.dq_blocks)), dim3(256), DqLayout<D>::kBytes,
                 c.p);
 }
 

@@ -14,6 +14,8 @@
 //   dQ(tile) += dS K                     dS^T of every warpgroup through shared memory, read transposed with
 //                                        K (m64n64k16; one warpgroup: both head-dim halves in turn; two: one
 //                                        half each, over all 128 keys), then fp32 atomics into dq_accum
+//                                        (DQ_V4: one four-float vector atomic a lane and block, into its
+//                                        lane-major order; else four scalar ones, element-major)
 // Q and dO come by the TMA unit, issued by one thread, each buffer completing an mbarrier (TMA >= 1), or by cp.async
 // from every thread; with TMA = 2 the rows' lse, Delta and document ids come with them (1D maps over the whole arrays:
 // a tile that runs past T reads the next head's values or zeros there, harmless since those rows' Q and dO are zero),
@@ -68,7 +70,7 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
@@ -292,8 +294,13 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       fence_registers(dq);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
+        float* f = blk + (half * 8 + j) * 128;
+        if constexpr (DQ_V4) {
+          atomic_add_f32x4(f + lane * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) atomic_add_f32(blk + (half * 8 + j) * 128 + e * 32 + lane, dq[4 * j + e]);
+          for (int e = 0; e < 4; ++e) atomic_add_f32(f + e * 32 + lane, dq[4 * j + e]);
+        }
       }
     }
     if constexpr (DQ_FIRST && WGS == 2) wgmma_wait<0>();  // dK and dV retired: the next step refills their Q and dO
@@ -321,7 +328,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -337,7 +344,7 @@ void launch_bwd_sm90_main(const BwdCall& c) {
     if (p.doc != nullptr) maps.docs = make_vec_map(p.doc, static_cast<int64_t>(p.B) * p.T, 64);
   }
   const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST>, grid, dim3(L::kThreads), L::kBytes, p,
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST, DQ_V4>, grid, dim3(L::kThreads), L::kBytes, p,
                 maps);
 }
 
@@ -358,9 +365,11 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     needs EARLY_DV = 1) | 0 (dK, and dV when not issued early, then dQ's first half, its atomics after all of
 //     them); default 1 where dV is issued early: 3.1% off the kernel at T 4096 causal and 2.0% at T 1024 causal on an
 //     H100, the windowed masks unchanged (docs/BENCHMARKS.md "dQ's first half before dK").
+//   TSCALE_ATTENTION_SM90_BWD_DQ_V4 = 1 (dQ's atomics as one four-float vector atomic a lane and 16 x 8 block,
+//     dq_accum lane-major) | 0 (four scalar atomics, element-major); default 0.
 struct Sm90BwdForm {
   int wgs, tma;
-  bool early_dv, dq_first;
+  bool early_dv, dq_first, dq_v4;
 };
 
 // Whether the TMA unit can bring a query tile's lse, Delta and document ids: a box's first element must lie on a
@@ -383,26 +392,33 @@ inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
   f.dq_first = dq_first == -1 ? f.early_dv : dq_first == 1;
   TORCH_CHECK(!f.dq_first || f.early_dv,
               "TSCALE_ATTENTION_SM90_BWD_DQ_FIRST=1 needs TSCALE_ATTENTION_SM90_BWD_EARLY_DV=1 (or auto)");
+  f.dq_v4 = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_V4", {0, 1}, 0) == 1;
   return f;
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA>
+template <int WGS, int MIN_BLOCKS, int TMA, bool DQ_V4>
 void launch_bwd_sm90_schedule(const BwdCall& c, const Sm90BwdForm& f) {
   if (!f.early_dv)
-    launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false, false>(c);
+    launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false, false, DQ_V4>(c);
   else
-    f.dq_first ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, true>(c)
-               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, false>(c);
+    f.dq_first ? launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, true, DQ_V4>(c)
+               : launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, false, DQ_V4>(c);
+}
+
+template <int WGS, int MIN_BLOCKS, int TMA>
+void launch_bwd_sm90_atomics(const BwdCall& c, const Sm90BwdForm& f) {
+  f.dq_v4 ? launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, TMA, true>(c, f)
+          : launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, TMA, false>(c, f);
 }
 
 template <int WGS, int MIN_BLOCKS>
 void launch_bwd_sm90_loads(const BwdCall& c, const Sm90BwdForm& f) {
   if (f.tma == 2)
-    launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, 2>(c, f);
+    launch_bwd_sm90_atomics<WGS, MIN_BLOCKS, 2>(c, f);
   else if (f.tma == 1)
-    launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, 1>(c, f);
+    launch_bwd_sm90_atomics<WGS, MIN_BLOCKS, 1>(c, f);
   else
-    launch_bwd_sm90_schedule<WGS, MIN_BLOCKS, 0>(c, f);
+    launch_bwd_sm90_atomics<WGS, MIN_BLOCKS, 0>(c, f);
 }
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq.
@@ -411,7 +427,7 @@ inline void launch_bwd_sm90(const BwdCall& c) {
   const Sm90BwdForm f = sm90_backward_form(c.p);
   launch_bwd_delta<128>(c);
   f.wgs == 1 ? launch_bwd_sm90_loads<1, 2>(c, f) : launch_bwd_sm90_loads<2, 1>(c, f);
-  launch_bwd_dq<128>(c);
+  f.dq_v4 ? launch_bwd_dq<128, true>(c) : launch_bwd_dq<128, false>(c);
 }
 
 }  // namespace

@@ -79,6 +79,25 @@ __device__ __forceinline__ int warp_xor_i32(int v, int mask) { return __shfl_xor
 
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ int atomic_fetch_add_i32(int* p, int v) { return atomicAdd(p, v); }
+// Four floats added to the four at a 16-byte aligned global address: one vector atomic on sm_90 and later.
+__device__ __forceinline__ void atomic_add_f32x4(float* p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(p), make_float4(a, b, c, d));
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+  atomicAdd(p + 2, c);
+  atomicAdd(p + 3, d);
+#endif
+}
+// Four floats from a 16-byte aligned global address, one load.
+__device__ __forceinline__ void load_f32x4(float (&v)[4], const float* p) {
+  const float4 x = *reinterpret_cast<const float4*>(p);
+  v[0] = x.x;
+  v[1] = x.y;
+  v[2] = x.z;
+  v[3] = x.w;
+}
 // Four zero floats at a 16-byte aligned global address, one store.
 __device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }
 // 32 bits to shared memory; 16 bytes from shared memory to a 16-byte aligned global address.

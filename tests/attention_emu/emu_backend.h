@@ -227,6 +227,17 @@ inline int atomic_fetch_add_i32(int* p, int v) {  // (fibers take turns: no othe
   *p += v;
   return old;
 }
+inline void atomic_add_f32x4(float* p, float a, float b, float c, float d) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("atomic_add_f32x4 at an address that is not 16-byte aligned");
+  p[0] += a;
+  p[1] += b;
+  p[2] += c;
+  p[3] += d;
+}
+inline void load_f32x4(float (&v)[4], const float* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_f32x4 at an address that is not 16-byte aligned");
+  std::memcpy(v, p, 16);
+}
 inline void store_zero_16(float* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_zero_16 at an address that is not 16-byte aligned");
   std::memset(p, 0, 16);
