@@ -226,6 +226,23 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
+def test_emulated_kernels_cover_every_tile_head_and_batch_row(emu):
+    """Every kernel family (the sm_80 forward and backward, the Hopper forwards and backward): its blocks, run in a
+    random order, map to distinct (tile, head, batch row) that together cover all of them; two batch rows of three
+    heads, so that a head mistaken for a batch row shows."""
+    case = (2, 3, 200, 128, 0, "sparse", True)
+    q, k, v, do, docs32, kw = _emulated_case(emu, case, 0)
+    args = (docs32, kw["window"], kw["sink"], kw["scale"])
+    want = reference_grads(q, k, v, do, **kw)
+    out, lse = emu.fwd(q, k, v, *args)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *emu.bwd(do, q, k, v, out, lse, *args)), want):
+        assert_close(name, a, b)
+    assert_close("out sm90", emu.fwd_sm90(q, k, v, *args)[0], want[0])
+    assert_close("out ws", emu.fwd_sm90_ws(q, k, v, *args)[0], want[0])
+    for name, a, b in zip(("dq", "dk", "dv"), emu.bwd_sm90(do, q, k, v, out, lse, *args[:2], kw["scale"]), want[1:]):
+        assert_close(name + " sm90", a, b)
+
+
 @pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1"),
                                                ("DQ_FIRST", "0, 1"), ("DQ_V4", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):

@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
-  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile();
+  const int kt = bt.rank, h = bt.h, b = bt.b;  // the first key tiles see the most queries
   const int k0 = kt * kTile;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
@@ -440,7 +441,7 @@ inline void launch_bwd_dq(const BwdCall& c) {
 
 // The three kernels with the sm_80 main kernel (mma.sync), for either head dim.
 inline void launch_bwd_mma(const BwdCall& c) {
-  const dim3 grid(c.n_tiles, c.p.H, c.p.B);
+  const dim3 grid = tile_grid(c.n_tiles, c.p.H, c.p.B);
   if (c.p.D == 64) {
     launch_bwd_delta<64>(c);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, c.p);

@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
   int* slot = reinterpret_cast<int*>(smem + L::kSlot);
 
   const int T = p.T, window = p.window;
-  const int kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile();
+  const int kt = bt.rank, h = bt.h, b = bt.b;  // the first key tiles see the most queries
   const int k0 = kt * L::kKeys, kw0 = k0 + wg * 64;  // the block's and this warpgroup's first key
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
@@ -343,7 +344,7 @@ void launch_bwd_sm90_main(const BwdCall& c) {
     maps.delta = make_vec_map(p.delta, rows, 64);
     if (p.doc != nullptr) maps.docs = make_vec_map(p.doc, static_cast<int64_t>(p.B) * p.T, 64);
   }
-  const dim3 grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
+  const dim3 grid = tile_grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
   launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST, DQ_V4>, grid, dim3(L::kThreads), L::kBytes, p,
                 maps);
 }

@@ -85,6 +85,20 @@ struct BwdParams {
   float scale_log2;
 };
 
+// The (tile rank, head, batch row) of this block of a tile_grid; rank 0 is a (head, batch row)'s longest tile (the
+// kernel maps ranks to tiles). Blocks start roughly in the order of their linear index, x fastest, so the grid is
+// (H, B, tiles): every (head, batch row)'s rank-0 tile first, then every one's rank 1, ..., the longest tiles
+// starting first and the shortest filling the tail. (A (tiles, H, B) grid started the last (head, batch row)'s
+// longest tiles near the end: 7-8% longer by a list-scheduling count for causal masks.) Read straight from the
+// block index: computed, the values would stay live in registers the Hopper backward does not have.
+struct BlockTile {
+  int rank, h, b;
+};
+
+__device__ __forceinline__ BlockTile block_tile() {
+  return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fragment loaders. All take the lane index; each wraps one ldmatrix.x4 (four 8x8 matrices; lane
 // 8 m + r gives the address of row r of matrix m; lane 4 r + w receives the 32-bit word w of

@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   const int T = p.T, window = p.window;
   const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
   const int n_qtiles = (T + BM - 1) / BM;
-  const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile();
+  const int qt = n_qtiles - 1 - bt.rank;  // the longest rows (latest tiles) start first
+  const int h = bt.h, b = bt.b;
   const int q0 = qt * BM;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
@@ -304,7 +305,7 @@ inline FwdConfig fwd_config(int D, int window) {
 
 template <int D, int MT, int MIN_BLOCKS = 2>
 void launch_fwd(const FwdParams& p) {
-  const dim3 grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
+  const dim3 grid = tile_grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
   launch_kernel(attention_fwd_kernel<D, MT, MIN_BLOCKS>, grid, dim3(kThreads), FwdLayout<D, MT>::kBytes, p);
 }
 

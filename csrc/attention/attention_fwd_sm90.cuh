@@ -218,8 +218,9 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int T = p.T, window = p.window;
   const int n_qtiles = (T + BM - 1) / BM;
-  const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile();
+  const int qt = n_qtiles - 1 - bt.rank;  // the longest rows (latest tiles) start first
+  const int h = bt.h, b = bt.b;
   const int q0 = qt * BM;
   const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
   const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS) attention_fwd_sm90_kern
 template <int BN, int WGS, int MIN_BLOCKS>
 void launch_fwd_sm90_config(const FwdParams& p) {
   using L = Sm90FwdLayout<BN, WGS>;
-  const dim3 grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
+  const dim3 grid = tile_grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
   launch_kernel(attention_fwd_sm90_kernel<BN, WGS, MIN_BLOCKS>, grid, dim3(L::kThreads), L::kBytes, p);
 }
 

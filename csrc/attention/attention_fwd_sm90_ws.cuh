@@ -173,8 +173,9 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
   const int T = p.T, window = p.window;
   const int n_qtiles = (T + BM - 1) / BM;
-  const int qt = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows (latest tiles) start first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile();
+  const int qt = n_qtiles - 1 - bt.rank;  // the longest rows (latest tiles) start first
+  const int h = bt.h, b = bt.b;
   const int q0 = qt * BM;
   const int32_t* doc = p.doc != nullptr ? p.doc + static_cast<int64_t>(b) * T : nullptr;
   const ForwardKeyTiles tiles = forward_key_tiles(p, b, q0, BM, BN);
@@ -339,7 +340,7 @@ void launch_fwd_sm90_ws_config(const FwdParams& p) {
   using L = Sm90WsLayout<BN, STAGES>;
   const Sm90FwdMaps maps{make_tile_map(p.q, p.sq, p.B, p.H, p.T, L::kBM), make_tile_map(p.k, p.sk, p.B, p.H, p.T, BN),
                          make_tile_map(p.v, p.sv, p.B, p.H, p.T, BN)};
-  const dim3 grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
+  const dim3 grid = tile_grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
   launch_kernel(attention_fwd_sm90_ws_kernel<BN, STAGES, PINGPONG>, grid, dim3(L::kThreads), L::kBytes, p, maps);
 }
 

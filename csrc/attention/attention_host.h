@@ -97,6 +97,13 @@ inline int sm90_env_choice(const char* name, std::initializer_list<int> allowed,
   return fallback;
 }
 
+// The launch grid of block_tile: `tiles` tile ranks of H heads and B batch rows, as (H, B, tiles).
+inline dim3 tile_grid(int tiles, int H, int B) {
+  TORCH_CHECK(tiles <= 65535 && B <= 65535, "attention: at most 65535 tiles of a sequence and 65535 sequences a call, got ",
+              tiles, " tiles (T too long) and ", B, " sequences");
+  return dim3(H, B, tiles);
+}
+
 // Blocks of a persistent kernel: TSCALE_ATTENTION_SM90_BLOCKS when set (a positive count), else one a multiprocessor
 // of the current device (multiprocessor_count, from the backend).
 inline int persistent_blocks() {

@@ -20,8 +20,8 @@ from tscale.fileio import write_json_atomic
 
 PROFILE = re.compile(r"profile-(?P<tree>.+)-(?P<round>\d+)\.json")
 # The main forward and backward kernels of every family: sm_80 (attention_fwd_kernel, attention_bwd_kernel) and
-# Hopper (attention_fwd_sm90_kernel, attention_fwd_sm90_ws_kernel, attention_bwd_sm90_kernel).
-MAIN_KERNELS = {"fwd_us": re.compile(r"attention_fwd(_sm90)?(_ws)?_kernel<"),
+# Hopper (attention_fwd_sm90_kernel, attention_fwd_sm90_ws_kernel and its persistent form, attention_bwd_sm90_kernel).
+MAIN_KERNELS = {"fwd_us": re.compile(r"attention_fwd(_sm90)?(_ws)?(_persistent)?_kernel<"),
                 "bwd_us": re.compile(r"attention_bwd(_sm90)?_kernel<")}
 
 

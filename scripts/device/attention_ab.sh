@@ -14,6 +14,8 @@
 # other; last, OUT_DIR/ab_summary.json (scripts/bench/attention_ab_summary.py: per tree, kernel time per call by
 # mask, main forward and backward kernels apart, and the model's ratios from its results.json), which comes back
 # when the logs do not.
+# TESTS_K narrows the tests (a pytest -k expression), TESTS=0 skips them; VARIANTS adds profiles of this tree with
+# settings, each NAME:VAR=VALUE[,VAR=VALUE...] (profile-new_NAME-{1,2}.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1".
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
@@ -22,11 +24,15 @@ usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK
 }
 echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-new.txt"
 echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"
-TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py 2>&1 \
-  | tee "$OUT/logs/tests.log" | tail -4
-profile() {  # NAME PYTHONPATH-FIRST
+if [ "${TESTS:-1}" = 1 ]; then
+  TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py \
+    ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
+fi
+profile() {  # NAME PYTHONPATH-FIRST [VAR=VALUE,...]
   local name=$1 root=$2
-  PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/attention_profile.py \
+  local -a settings=()
+  [ -n "${3:-}" ] && IFS=, read -r -a settings <<< "$3"
+  env "${settings[@]}" PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/attention_profile.py \
     --out "$OUT/profile-$name.json" > "$OUT/logs/profile-$name.log" 2>&1
   echo "$name: $(grep -E "per forward" "$OUT/logs/profile-$name.log" | tr '\n' ' ')"
 }
@@ -36,6 +42,7 @@ done
 for round in 1 2; do
   profile "new-$round" "$PWD"
   for dir in "${BASES[@]}"; do profile "$(basename "$dir")-$round" "$dir"; done
+  for variant in ${VARIANTS:-}; do profile "new_${variant%%:*}-$round" "$PWD" "${variant#*:}"; done
 done
 timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attention_kernel.log" 2>&1
 echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"
