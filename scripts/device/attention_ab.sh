@@ -6,7 +6,7 @@
 # BASE_DIR (and each OTHER_DIR): a copy of setup.py, pyproject.toml, csrc/ and tscale/ of a tree to compare
 # against (e.g. `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried).
 # All are built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
-# scripts/bench/attention_profile.py for this tree and each other tree in turn, twice (kernel time per forward +
+# scripts/bench/attention_profile.py for this tree and each other tree in turn, ROUNDS times (kernel time per forward +
 # backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-{1,2}.json); scripts/bench/attention_kernel.py
 # (docs/bench/attention_kernel.json); the resources (registers, spills) of this tree's and BASE_DIR's kernels;
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
@@ -14,7 +14,8 @@
 # other; last, OUT_DIR/ab_summary.json (scripts/bench/attention_ab_summary.py: per tree, kernel time per call by
 # mask, main forward and backward kernels apart, and the model's ratios from its results.json), which comes back
 # when the logs do not.
-# TESTS_K narrows the tests (a pytest -k expression), TESTS=0 skips them; VARIANTS adds profiles of this tree with
+# ROUNDS (default 2) sets the profile rounds; TESTS_K narrows the tests (a pytest -k expression), TESTS=0 skips
+# them; VARIANTS adds profiles of this tree with
 # settings, each NAME:VAR=VALUE[,VAR=VALUE...] (profile-new_NAME-{1,2}.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1".
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
@@ -39,7 +40,7 @@ profile() {  # NAME PYTHONPATH-FIRST [VAR=VALUE,...]
 for dir in "${BASES[@]}"; do
   (cd /tmp && PYTHONPATH="$dir:/tmp/site" python3 -c "import tscale; print('$(basename "$dir") imports', tscale.__file__)")
 done
-for round in 1 2; do
+for round in $(seq "${ROUNDS:-2}"); do
   profile "new-$round" "$PWD"
   for dir in "${BASES[@]}"; do profile "$(basename "$dir")-$round" "$dir"; done
   for variant in ${VARIANTS:-}; do profile "new_${variant%%:*}-$round" "$PWD" "${variant#*:}"; done
