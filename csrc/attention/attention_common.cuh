@@ -86,17 +86,14 @@ struct BwdParams {
 };
 
 // The (tile rank, head, batch row) of this block of a tile_grid; rank 0 is a (head, batch row)'s longest tile (the
-// kernel maps ranks to tiles). Blocks start roughly in the order of their linear index, x fastest, so the grid is
-// (H, B, tiles): every (head, batch row)'s rank-0 tile first, then every one's rank 1, ..., the longest tiles
-// starting first and the shortest filling the tail. (A (tiles, H, B) grid started the last (head, batch row)'s
-// longest tiles near the end: 7-8% longer by a list-scheduling count for causal masks.) Read straight from the
-// block index: computed, the values would stay live in registers the Hopper backward does not have.
+// kernel maps ranks to tiles). Read straight from the block index: computed (e.g. from a linear block number), the
+// values stay live in registers, which cost the Hopper backward 72 bytes of spills and the sm_80 forward 36.
 struct BlockTile {
   int rank, h, b;
 };
 
 __device__ __forceinline__ BlockTile block_tile() {
-  return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
+  return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
 }
 
 // ---------------------------------------------------------------------------------------------
