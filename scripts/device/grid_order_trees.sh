@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Two copies of this tree's attention build that differ only in the order their blocks take tiles, for
+# attention_ab.sh: .cache/attn-lpt launches (H, B, tiles) (every head's and batch row's longest tile before any
+# shorter one) and .cache/attn-perb (H, tiles, B) (the same within each batch row); this tree launches (tiles, H, B).
+#
+#   bash scripts/device/grid_order_trees.sh      (repository root, on this machine; carry both folders)
+#
+# docs/BENCHMARKS.md, "Built, not yet timed", says what each should change.
+set -euo pipefail
+make_tree() {  # DIR GRID BLOCK_TILE: the tile_grid dims and block_tile's (rank, h, b) fields
+  local dir=$1 grid=$2 fields=$3
+  rm -rf "$dir" && mkdir -p "$dir"
+  git archive HEAD setup.py pyproject.toml csrc tscale | tar -x -C "$dir"
+  local host=$dir/csrc/attention/attention_host.h common=$dir/csrc/attention/attention_common.cuh
+  grep -q '  return dim3(tiles, H, B);' "$host" || { echo "tile_grid not found in $host" >&2; exit 1; }
+  sed -i "s|  return dim3(tiles, H, B);|  return dim3($grid);|" "$host"
+  local old='return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};'
+  grep -qF "$old" "$common" || { echo "block_tile not found in $common" >&2; exit 1; }
+  sed -i "s|$old|return {$fields};|" "$common"
+  echo "$dir: grid ($grid)"
+}
+idx() { echo "static_cast<int>(blockIdx.$1)"; }
+make_tree .cache/attn-lpt "H, B, tiles" "$(idx z), $(idx x), $(idx y)"
+make_tree .cache/attn-perb "H, tiles, B" "$(idx y), $(idx x), $(idx z)"
