@@ -99,8 +99,8 @@ inline int sm90_env_choice(const char* name, std::initializer_list<int> allowed,
 
 // The launch grid of block_tile: `tiles` tile ranks of H heads and B batch rows, as (tiles, H, B). Blocks start
 // roughly in the order of their linear index, x fastest: one (head, batch row)'s tiles, longest first, then the
-// next one's. (H, B, tiles) would start every (head, batch row)'s longest tile before any shorter one: 7-8% shorter
-// causal calls by a list-scheduling count, not yet measured (docs/BENCHMARKS.md, "Which tiles start first").
+// next one's. (H, B, tiles) would start every (head, batch row)'s longest tile before any shorter one: 6-8% shorter
+// causal calls by a list-scheduling count, not yet measured (docs/BENCHMARKS.md, "Built, not yet timed").
 inline dim3 tile_grid(int tiles, int H, int B) {
   TORCH_CHECK(H <= 65535 && B <= 65535, "attention: at most 65535 heads and 65535 sequences a call, got ", H,
               " heads and ", B, " sequences");

@@ -7,7 +7,7 @@
 # against (e.g. `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried).
 # All are built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
 # scripts/bench/attention_profile.py for this tree and each other tree in turn, ROUNDS times (kernel time per forward +
-# backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-{1,2}.json); scripts/bench/attention_kernel.py
+# backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-ROUND.json); scripts/bench/attention_kernel.py
 # (docs/bench/attention_kernel.json); the resources (registers, spills) of this tree's and BASE_DIR's kernels;
 # then, with what time is left, the model's attention cost (scripts/bench/architecture.py attention on mix +
 # code slice from .devdata/data, 3 steps profiled; OUT_DIR/model-<name>/results.json) for this tree and each
@@ -15,8 +15,8 @@
 # mask, main forward and backward kernels apart, and the model's ratios from its results.json), which comes back
 # when the logs do not.
 # ROUNDS (default 2) sets the profile rounds; TESTS_K narrows the tests (a pytest -k expression), TESTS=0 skips
-# them; VARIANTS adds profiles of this tree with
-# settings, each NAME:VAR=VALUE[,VAR=VALUE...] (profile-new_NAME-{1,2}.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1".
+# them; VARIANTS adds profiles of this tree with settings, each NAME:VAR=VALUE[,VAR=VALUE...]
+# (profile-new_NAME-ROUND.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1".
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel

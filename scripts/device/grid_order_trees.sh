@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Two copies of this tree's attention build that differ only in the order their blocks take tiles, for
-# attention_ab.sh: .cache/attn-lpt launches (H, B, tiles) (every head's and batch row's longest tile before any
-# shorter one) and .cache/attn-perb (H, tiles, B) (the same within each batch row); this tree launches (tiles, H, B).
+# Two copies of HEAD's attention build (committed files only) that differ only in the order their blocks take tiles,
+# for attention_ab.sh: .cache/attn-lpt launches (H, B, tiles) (every head's and batch row's longest tile before any
+# shorter one) and .cache/attn-perb (H, tiles, B) (the same within each batch row); HEAD launches (tiles, H, B).
 #
 #   bash scripts/device/grid_order_trees.sh      (repository root, on this machine; carry both folders)
 #
