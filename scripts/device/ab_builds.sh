@@ -4,6 +4,7 @@
 #
 #   source scripts/device/ab_builds.sh NAME OUT_DIR SECONDS BASE_DIR [OTHER_DIR ...]     (repository root, on the GPU machine)
 #
+# A caller that sets AB_TREES_OPTIONAL=1 before sourcing may be given no comparison tree (BASES empty, BASE "").
 # Sets OUT, BASES (the absolute comparison trees, BASE_DIR first), BASE (= BASES[0]) and left() (seconds until
 # SECONDS after the start, at least 1); builds every comparison tree in place (setup.py build_ext --inplace,
 # OUT/logs/build-<dir name>.log) while scripts/device/setup_env.sh builds this tree, all without
@@ -12,10 +13,13 @@ set -u -o pipefail
 usage="usage: $1 OUT_DIR SECONDS BASE_DIR [OTHER_DIR ...]"
 OUT=${2:?$usage}
 source scripts/device/deadline.sh "${3:?$usage}"
-: "${4:?$usage}"
+[ -n "${4:-}" ] || [ "${AB_TREES_OPTIONAL:-0}" = 1 ] || { echo "$usage" >&2; exit 2; }
 BASES=()
-for dir in "${@:4}"; do BASES+=("$(cd "$dir" && pwd)"); done
-BASE=${BASES[0]}
+for dir in "${@:4}"; do
+  [ -d "$dir" ] || { echo "$1: $dir: no such comparison tree (make it with git archive, then carry it)" >&2; exit 2; }
+  BASES+=("$(cd "$dir" && pwd)")
+done
+BASE=${BASES[0]:-}
 export PYTHONUNBUFFERED=1 TSCALE_NO_CUTLASS=1
 mkdir -p "$OUT/logs"
 arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")

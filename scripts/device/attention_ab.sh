@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The fused attention kernel of this tree against other builds of it, on one GPU, in one call.
 #
-#   bash scripts/device/attention_ab.sh OUT_DIR SECONDS BASE_DIR [OTHER_DIR ...]     (repository root, on the GPU machine)
+#   bash scripts/device/attention_ab.sh OUT_DIR SECONDS [BASE_DIR [OTHER_DIR ...]]     (repository root, on the GPU machine)
 #
 # BASE_DIR (and each OTHER_DIR): a copy of setup.py, pyproject.toml, csrc/ and tscale/ of a tree to compare
 # against (e.g. `git archive BASE setup.py pyproject.toml csrc tscale | tar -x -C .cache/attn-base`, carried).
+# Without one only this tree is built and profiled, with its VARIANTS: the shortest call that compares settings.
 # All are built (without tscale._C_cutlass) side by side, then: the CUDA tests of tests/test_attention_kernel.py;
 # scripts/bench/attention_profile.py for this tree and each other tree in turn, ROUNDS times (kernel time per forward +
 # backward call by kernel, records OUT_DIR/profile-{new,<dir name>}-ROUND.json); scripts/bench/attention_kernel.py
@@ -18,13 +19,13 @@
 # them; VARIANTS adds profiles of this tree with settings, each NAME:VAR=VALUE[,VAR=VALUE...]
 # (profile-new_NAME-ROUND.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1".
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
-source scripts/device/ab_builds.sh attention_ab.sh "$@"
+AB_TREES_OPTIONAL=1 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
   cuobjdump -res-usage "$1" 2>/dev/null | grep -A1 "attention_\|doc_stats" | grep -v "^--" \
     | sed 's/.*_[0-9]*\(attention_[a-z_]*kernel\|doc_stats_kernel\)/\1/; s/EEvNS1_9[A-Za-z]*ParamsE:/:/; s/EPKiPiS4_iii:/:/'
 }
 echo "resources, this tree:"; usage "$(ls tscale/_C*.so)" | tee "$OUT/resources-new.txt"
-echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"
+[ -n "$BASE" ] && { echo "resources, base:"; usage "$(ls "$BASE"/tscale/_C*.so)" | tee "$OUT/resources-base.txt"; }
 if [ "${TESTS:-1}" = 1 ]; then
   TSCALE_SKIP_EMU=1 timeout "$(left)" python3 -m pytest -q -p no:logging -m cuda tests/test_attention_kernel.py \
     ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
@@ -49,9 +50,9 @@ timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attenti
 echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"
 cp docs/bench/attention_kernel.json "$OUT/" 2>/dev/null
 tok=.cache/issue3/tokens
-if [ ! -f $tok/manifest.json ]; then
+if [ ! -f $tok/manifest.json ] && [ -d .devdata/data ]; then
   timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz .devdata/data/code-slice.jsonl.xz \
-    --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet || exit 0
+    --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet
 fi
 model_cost() {  # NAME PYTHONPATH-FIRST: the attention of a tscale 124M step, timed and profiled (3 steps)
   local name=$1 root=$2
@@ -59,7 +60,9 @@ model_cost() {  # NAME PYTHONPATH-FIRST: the attention of a tscale 124M step, ti
     --work "$OUT/model-$name" --out-dir "$OUT/model-$name" --profile-steps 3 > "$OUT/logs/model-$name.log" 2>&1
   echo "$name: $(grep -E "^attention T=" "$OUT/logs/model-$name.log" | cut -c1-60 | tr '\n' ' ')"
 }
-model_cost new "$PWD"
-for dir in "${BASES[@]}"; do model_cost "$(basename "$dir")" "$dir"; done
+if [ -f $tok/manifest.json ]; then  # no tokens (.devdata/data not carried, or no time left): no model cost
+  model_cost new "$PWD"
+  for dir in "${BASES[@]}"; do model_cost "$(basename "$dir")" "$dir"; done
+fi
 python3 scripts/bench/attention_ab_summary.py "$OUT" | tail -1
 true
