@@ -6,14 +6,17 @@
 #   bash scripts/device/grid_order_trees.sh      (repository root, on this machine; carry both folders)
 #
 # docs/BENCHMARKS.md, "Built, not yet timed", says what each should change.
+# For timing only: their tile_grid still checks H and B against the 65535 limit of a grid's y and z, not the tile
+# count they put there; the order adopted must check its own y and z dims.
 set -euo pipefail
 make_tree() {  # DIR GRID BLOCK_TILE: the tile_grid dims and block_tile's (rank, h, b) fields
   local dir=$1 grid=$2 fields=$3
   rm -rf "$dir" && mkdir -p "$dir"
   git archive HEAD setup.py pyproject.toml csrc tscale | tar -x -C "$dir"
   local host=$dir/csrc/attention/attention_host.h common=$dir/csrc/attention/attention_common.cuh
-  grep -q '  return dim3(tiles, H, B);' "$host" || { echo "tile_grid not found in $host" >&2; exit 1; }
-  sed -i "s|  return dim3(tiles, H, B);|  return dim3($grid);|" "$host"
+  local dims='return dim3(tiles, H, B);'
+  grep -qF "$dims" "$host" || { echo "tile_grid not found in $host" >&2; exit 1; }
+  sed -i "s|$dims|return dim3($grid);|" "$host"
   local old='return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};'
   grep -qF "$old" "$common" || { echo "block_tile not found in $common" >&2; exit 1; }
   sed -i "s|$old|return {$fields};|" "$common"
