@@ -13,6 +13,8 @@ def build_emulator(name: str, source: str, include_dirs: list[str]):
 
     Skips the calling test where TSCALE_SKIP_EMU=1 or where ninja (which torch.utils.cpp_extension needs) is
     missing; torch caches the build, so the compile (up to about a minute) happens once per source version.
+    TSCALE_EMU_SOURCE_ROOT=DIR takes include_dirs from the tree at DIR instead (e.g. a comparison tree of
+    scripts/device/grid_order_trees.sh, checked on CPU before it is timed on a GPU).
     """
     if os.environ.get("TSCALE_SKIP_EMU") == "1":
         pytest.skip("TSCALE_SKIP_EMU=1")
@@ -22,6 +24,10 @@ def build_emulator(name: str, source: str, include_dirs: list[str]):
         cpp_extension.verify_ninja_availability()
     except RuntimeError:
         pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
-    paths = [str(REPO / d) for d in include_dirs] + [str(REPO / "tests" / "attention_emu")]
+    root = Path(os.environ.get("TSCALE_EMU_SOURCE_ROOT") or REPO).resolve()
+    missing = [d for d in include_dirs if not (root / d).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"TSCALE_EMU_SOURCE_ROOT={root}: no {missing[0]} there (give a tree with csrc/)")
+    paths = [str(root / d) for d in include_dirs] + [str(REPO / "tests" / "attention_emu")]
     return cpp_extension.load(name=name, sources=[str(REPO / "tests" / source)], extra_include_paths=paths,
                               extra_cflags=["-O2"], verbose=False)

@@ -6,6 +6,7 @@
 #   bash scripts/device/grid_order_trees.sh      (repository root, on this machine; carry both folders)
 #
 # docs/BENCHMARKS.md, "Built, not yet timed", says what each should change.
+# Check them on CPU first: TSCALE_EMU_SOURCE_ROOT=.cache/attn-lpt python3 -m pytest tests/test_attention_emulated.py.
 # For timing only: their tile_grid still checks H and B against the 65535 limit of a grid's y and z, not the tile
 # count they put there; the order adopted must check its own y and z dims.
 set -euo pipefail
