@@ -24,10 +24,12 @@ def build_emulator(name: str, source: str, include_dirs: list[str]):
         cpp_extension.verify_ninja_availability()
     except RuntimeError:
         pytest.skip("ninja is not installed (torch.utils.cpp_extension needs it to build the emulator)")
-    root = Path(os.environ.get("TSCALE_EMU_SOURCE_ROOT") or REPO).resolve()
+    chosen = os.environ.get("TSCALE_EMU_SOURCE_ROOT")
+    root = Path(chosen or REPO).resolve()
     missing = [d for d in include_dirs if not (root / d).is_dir()]
     if missing:
-        raise FileNotFoundError(f"TSCALE_EMU_SOURCE_ROOT={root}: no {missing[0]} there (give a tree with csrc/)")
+        where = f"TSCALE_EMU_SOURCE_ROOT={root}" if chosen else f"the repository at {root}"
+        raise FileNotFoundError(f"{where}: no {missing[0]} there (give a tree with csrc/)")
     paths = [str(root / d) for d in include_dirs] + [str(REPO / "tests" / "attention_emu")]
     return cpp_extension.load(name=name, sources=[str(REPO / "tests" / source)], extra_include_paths=paths,
                               extra_cflags=["-O2"], verbose=False)
