@@ -13,8 +13,8 @@ def build_emulator(name: str, source: str, include_dirs: list[str]):
 
     Skips the calling test where TSCALE_SKIP_EMU=1 or where ninja (which torch.utils.cpp_extension needs) is
     missing; torch caches the build, so the compile (up to about a minute) happens once per source version.
-    TSCALE_EMU_SOURCE_ROOT=DIR takes include_dirs from the tree at DIR instead (e.g. a comparison tree of
-    scripts/device/grid_order_trees.sh, checked on CPU before it is timed on a GPU).
+    TSCALE_EMU_SOURCE_ROOT=DIR takes include_dirs from the tree at DIR instead (e.g. a comparison tree for
+    scripts/device/attention_ab.sh, checked on CPU before it is timed on a GPU).
     """
     if os.environ.get("TSCALE_SKIP_EMU") == "1":
         pytest.skip("TSCALE_SKIP_EMU=1")

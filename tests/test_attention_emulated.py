@@ -243,6 +243,16 @@ def test_emulated_kernels_cover_every_tile_head_and_batch_row(emu):
         assert_close(name + " sm90", a, b)
 
 
+def test_tile_grid_puts_heads_fastest_and_checks_the_tile_count(emu):
+    """The launch grid is (H, tiles, B), and the dims with a 65535 limit (y, z) are checked against it."""
+    assert emu.tile_grid(7, 6, 3) == (6, 7, 3)
+    assert emu.tile_grid(65535, 70000, 65535) == (70000, 65535, 65535)
+    with pytest.raises(RuntimeError, match="at most 65535 query or key tiles and 65535 sequences a call, got 65536 tiles"):
+        emu.tile_grid(65536, 6, 1)
+    with pytest.raises(RuntimeError, match="got 1 tiles and 65536 sequences"):
+        emu.tile_grid(1, 6, 65536)
+
+
 @pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1"),
                                                ("DQ_FIRST", "0, 1"), ("DQ_V4", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):

@@ -93,7 +93,7 @@ struct BlockTile {
 };
 
 __device__ __forceinline__ BlockTile block_tile() {
-  return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  return {static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z)};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -71,4 +71,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_copy_mode", [](int mode) { emu::rt().copy_mode = mode; });
   m.def("set_block_order", [](int order) { emu::rt().block_order = order; });
   m.def("switches", [] { return emu::rt().switches; });
+  m.def("tile_grid", [](int tiles, int H, int B) {
+    const dim3 g = tscale::attn::tile_grid(tiles, H, B);
+    return std::make_tuple(g.x, g.y, g.z);
+  });
 }
