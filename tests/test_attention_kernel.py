@@ -17,8 +17,9 @@ from helpers_attention import doc_ids
 from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, hopper, make_case, reference_grads,
                                       set_backward_form, set_forward_config)
 
-from tscale.ops.attention import (_attention_backward_op, _attention_op, attention, attention_kernel,
-                                  attention_path, attention_reference, kernel_unusable_reason)
+from tscale.ops.attention import (KERNEL_MAX_BATCH, KERNEL_MAX_SEQ_LEN, _attention_backward_op, _attention_op,
+                                  attention, attention_kernel, attention_path, attention_reference,
+                                  kernel_unusable_reason)
 from tscale.ops.backend import cuda_kernels_available, kernels_available
 
 needs_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_kernels_available()),
@@ -215,6 +216,16 @@ def test_attention_picks_the_kernel_and_compiles():
 # ---------------------------------------------------------------------------------------------
 # Path selection (CPU)
 # ---------------------------------------------------------------------------------------------
+
+def test_kernel_refuses_shapes_past_its_grid_before_any_launch():
+    """Sequences longer than 65535 tiles of 64 rows, or more than 65535 sequences, go to another path."""
+    q = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(1, 1, KERNEL_MAX_SEQ_LEN + 1, 64)
+    assert "past the kernel's grid" in kernel_unusable_reason(q, q, q)
+    wide = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(KERNEL_MAX_BATCH + 1, 1, 64, 64)
+    assert "past the kernel's grid" in kernel_unusable_reason(wide, wide, wide)
+    fits = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(1, 1, KERNEL_MAX_SEQ_LEN, 64)
+    assert "not CUDA" in kernel_unusable_reason(fits, fits, fits)
+
 
 def test_path_selection_on_cpu(monkeypatch):
     q, k, v, _, docs = make_case(1, 2, 40, 64, "sparse")

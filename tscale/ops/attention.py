@@ -51,6 +51,9 @@ from tscale.ops.backend import kernels_usable_on, op_defined
 log = logging.getLogger("tscale.ops")
 
 IMPLS = ("kernel", "flex", "reference", "sdpa")
+# The kernels launch a (heads, tiles, sequences) grid of tiles of at least 64 rows; a grid's y and z stop at 65535.
+KERNEL_MAX_SEQ_LEN = 65535 * 64
+KERNEL_MAX_BATCH = 65535
 
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -287,6 +290,9 @@ def _cuda_kernel_problem(index: int) -> str:
 
 def kernel_unusable_reason(q, k, v) -> str | None:
     """Why the fused kernel cannot serve attention on these tensors, or None when it can."""
+    if q.shape[2] > KERNEL_MAX_SEQ_LEN or q.shape[0] > KERNEL_MAX_BATCH or q.shape[1] > KERNEL_MAX_BATCH:
+        return (f"shape {tuple(q.shape)} is past the kernel's grid: at most {KERNEL_MAX_BATCH} sequences and heads "
+                f"of at most {KERNEL_MAX_SEQ_LEN} tokens")
     if not q.is_cuda:
         return f"the inputs are on {q.device.type}, not CUDA"
     if q.shape[2] != k.shape[2]:
@@ -303,7 +309,9 @@ def kernel_unusable_reason(q, k, v) -> str | None:
 def _kernel_serves(q, k, v) -> bool:
     """kernel_unusable_reason(q, k, v) is None, without building messages (cheap to trace)."""
     return (q.is_cuda and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype == torch.bfloat16
-            and q.shape[-1] in (64, 128) and not _cuda_kernel_problem(q.device.index))
+            and q.shape[-1] in (64, 128) and q.shape[2] <= KERNEL_MAX_SEQ_LEN
+            and q.shape[0] <= KERNEL_MAX_BATCH and q.shape[1] <= KERNEL_MAX_BATCH
+            and not _cuda_kernel_problem(q.device.index))
 
 
 def attention_path(q, k, v, impl: str | None = None) -> str:
