@@ -291,8 +291,8 @@ def _cuda_kernel_problem(index: int) -> str:
 def kernel_unusable_reason(q, k, v) -> str | None:
     """Why the fused kernel cannot serve attention on these tensors, or None when it can."""
     if q.shape[2] > KERNEL_MAX_SEQ_LEN or q.shape[0] > KERNEL_MAX_BATCH or q.shape[1] > KERNEL_MAX_BATCH:
-        return (f"shape {tuple(q.shape)} is past the kernel's grid: at most {KERNEL_MAX_BATCH} sequences and heads "
-                f"of at most {KERNEL_MAX_SEQ_LEN} tokens")
+        return (f"shape {tuple(q.shape)} is past the kernel's grid (at most {KERNEL_MAX_BATCH} sequences, "
+                f"{KERNEL_MAX_BATCH} heads and {KERNEL_MAX_SEQ_LEN} tokens a sequence)")
     if not q.is_cuda:
         return f"the inputs are on {q.device.type}, not CUDA"
     if q.shape[2] != k.shape[2]:
