@@ -18,7 +18,8 @@ Four implementations with one meaning:
                          only (no window, documents or sink): the baseline a benchmark sets the
                          model's masked attention against, never chosen automatically.
 `attention`, the door the model uses, picks a path per call (`attention_path` says which):
-  kernel     CUDA, Tq == Tk, bfloat16 q/k/v, head dim 64 or 128, tscale._C built with CUDA, sm_80+;
+  kernel     CUDA, Tq == Tk, bfloat16 q/k/v, head dim 64 or 128, tscale._C built with CUDA, sm_80+,
+             at most KERNEL_MAX_SEQ_LEN tokens a sequence and KERNEL_MAX_BATCH sequences and heads;
   flex       any other CUDA call with Tq == Tk (training, prefill);
   reference  the rest: cached decoding (Tq < Tk: small score matrices, and no recompilation of
              flex for every new key length) and CPU, through the custom op tscale::attention
