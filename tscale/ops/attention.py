@@ -52,7 +52,8 @@ from tscale.ops.backend import kernels_usable_on, op_defined
 log = logging.getLogger("tscale.ops")
 
 IMPLS = ("kernel", "flex", "reference", "sdpa")
-# The kernels launch a (heads, tiles, sequences) grid of tiles of at least 64 rows; a grid's y and z stop at 65535.
+# The kernels launch an (H, tiles, B) grid of tiles of at least 64 rows, whose y and z stop at 65535; the op takes
+# at most 65535 heads as well (csrc/attention/attention_host.h).
 KERNEL_MAX_SEQ_LEN = 65535 * 64
 KERNEL_MAX_BATCH = 65535
 
@@ -289,9 +290,14 @@ def _cuda_kernel_problem(index: int) -> str:
     return ""
 
 
+def _fits_kernel_grid(shape) -> bool:
+    """(B, H, T, D) within KERNEL_MAX_BATCH sequences and heads and KERNEL_MAX_SEQ_LEN tokens a sequence."""
+    return shape[0] <= KERNEL_MAX_BATCH and shape[1] <= KERNEL_MAX_BATCH and shape[2] <= KERNEL_MAX_SEQ_LEN
+
+
 def kernel_unusable_reason(q, k, v) -> str | None:
     """Why the fused kernel cannot serve attention on these tensors, or None when it can."""
-    if q.shape[2] > KERNEL_MAX_SEQ_LEN or q.shape[0] > KERNEL_MAX_BATCH or q.shape[1] > KERNEL_MAX_BATCH:
+    if not _fits_kernel_grid(q.shape):
         return (f"shape {tuple(q.shape)} is past the kernel's grid (at most {KERNEL_MAX_BATCH} sequences, "
                 f"{KERNEL_MAX_BATCH} heads and {KERNEL_MAX_SEQ_LEN} tokens a sequence)")
     if not q.is_cuda:
@@ -310,9 +316,7 @@ def kernel_unusable_reason(q, k, v) -> str | None:
 def _kernel_serves(q, k, v) -> bool:
     """kernel_unusable_reason(q, k, v) is None, without building messages (cheap to trace)."""
     return (q.is_cuda and q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype == torch.bfloat16
-            and q.shape[-1] in (64, 128) and q.shape[2] <= KERNEL_MAX_SEQ_LEN
-            and q.shape[0] <= KERNEL_MAX_BATCH and q.shape[1] <= KERNEL_MAX_BATCH
-            and not _cuda_kernel_problem(q.device.index))
+            and q.shape[-1] in (64, 128) and _fits_kernel_grid(q.shape) and not _cuda_kernel_problem(q.device.index))
 
 
 def attention_path(q, k, v, impl: str | None = None) -> str:
