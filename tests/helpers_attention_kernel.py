@@ -1,5 +1,5 @@
 """Shared pieces of the attention kernel's GPU and emulator tests: random cases, the float32 reference's gradients,
-the tolerance check, and the kernels' forms set through their environment settings."""
+the tolerance check, the kernels' forms set through their environment settings, and the ops' schema checks."""
 
 import pytest
 import torch
@@ -76,3 +76,13 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 
     err = (got - want).abs().max().item()
     bound = tol * want.abs().max().item() + 1e-3
     assert err <= bound, f"{name}: max error {err:.4g} > {bound:.4g}"
+
+
+def opcheck_kernel_ops(q, k, v, do, docs, window: int, scale: float) -> None:
+    """The extension's forward and backward ops against their schemas and fake kernels (torch.compile's view)."""
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tscale.attention_fwd_cuda.default, (q, k, v, docs, window, True, scale),
+                          test_utils=utils)
+    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, docs, window, True, scale)
+    torch.library.opcheck(torch.ops.tscale.attention_bwd_cuda.default,
+                          (do, q, k, v, out, lse, docs, window, True, scale), test_utils=utils)

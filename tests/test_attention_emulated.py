@@ -9,8 +9,8 @@ Tolerances as in tests/test_attention_kernel.py (helpers_attention_kernel.TOL).
 
 import pytest
 import torch
-from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, make_case, reference_grads,
-                                      set_backward_form, set_forward_config)
+from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, make_case, opcheck_kernel_ops,
+                                      reference_grads, set_backward_form, set_forward_config)
 from helpers_emu import build_emulator
 
 from tscale.ops.attention import attention_kernel
@@ -284,16 +284,6 @@ def test_emulated_kernel_strided_inputs(emu):
         assert_close(name, a, b)
 
 
-def _opcheck_kernel_ops(q, k, v, do, docs, window: int, scale: float) -> None:
-    """The extension's forward and backward ops against their schemas and fake kernels (torch.compile's view)."""
-    utils = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.tscale.attention_fwd_cuda.default, (q, k, v, docs, window, True, scale),
-                          test_utils=utils)
-    out, lse = torch.ops.tscale.attention_fwd_cuda(q, k, v, docs, window, True, scale)
-    torch.library.opcheck(torch.ops.tscale.attention_bwd_cuda.default,
-                          (do, q, k, v, out, lse, docs, window, True, scale), test_utils=utils)
-
-
 @pytest.fixture
 def emulated_op(emu):
     """The emulator as the CPU kernel of tscale::attention_fwd_cuda / attention_bwd_cuda, for this test only."""
@@ -322,4 +312,4 @@ def test_kernel_ops_autograd_fake_and_compile(emulated_op):
         grads = torch.autograd.grad(out, leaves, do)
         for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), want):
             assert_close(name, a, b)
-    _opcheck_kernel_ops(q, k, v, do, docs.int(), 9, 0.125)
+    opcheck_kernel_ops(q, k, v, do, docs.int(), 9, 0.125)

@@ -14,8 +14,8 @@ kernel rounds P and dS to bf16 for the tensor cores, as FlashAttention does.
 import pytest
 import torch
 from helpers_attention import doc_ids
-from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, hopper, make_case, reference_grads,
-                                      set_backward_form, set_forward_config)
+from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, hopper, make_case, opcheck_kernel_ops,
+                                      reference_grads, set_backward_form, set_forward_config)
 
 from tscale.ops.attention import (KERNEL_MAX_BATCH, KERNEL_MAX_SEQ_LEN, _attention_backward_op, _attention_op,
                                   attention, attention_kernel, attention_path, attention_reference,
@@ -210,7 +210,7 @@ def test_attention_picks_the_kernel_and_compiles():
     grads = torch.autograd.grad(out, leaves, do)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), reference_grads(q, k, v, do, **kw)):
         assert_close(name, a, b)
-    _opcheck_kernel_ops(q, k, v, do, docs.int(), 16, 128 ** -0.5)
+    opcheck_kernel_ops(q, k, v, do, docs.int(), 16, 128 ** -0.5)
 
 
 # ---------------------------------------------------------------------------------------------
