@@ -19,7 +19,7 @@ install:
 	CC=$${CC:-gcc} CXX=$${CXX:-g++} $(PIP) install --no-build-isolation -e .
 
 test: install
-	$(PIP) install pytest
+	$(PIP) install pytest pyflakes
 	$(PYTHON) -m pytest -q tests
 
 $(DEMO)/data/shakespeare.jsonl.xz:
