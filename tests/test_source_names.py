@@ -1,5 +1,5 @@
-"""Every name the package and its tests use is defined: GPU-only code never runs on a CPU machine, so a stale name
-there would otherwise surface only on a GPU."""
+"""Every name the package, its tests and its scripts use is defined: GPU-only code never runs on a CPU machine,
+so a stale name there would otherwise surface only on a GPU."""
 
 import ast
 from pathlib import Path
@@ -24,7 +24,7 @@ def test_the_check_finds_a_name_used_only_on_a_gpu_path():
     assert undefined_names(source, "probe.py") == ["probe.py:5: undefined name 'helper_that_moved'"]
 
 
-@pytest.mark.parametrize("folder", ["tscale", "tests"])
+@pytest.mark.parametrize("folder", ["tscale", "tests", "scripts"])
 def test_every_name_used_is_defined(folder):
     files = sorted((ROOT / folder).rglob("*.py"))
     assert files, f"no Python files under {folder}/"

@@ -45,6 +45,33 @@ def grads_and_ms(model, fn, x, y, calls: int) -> tuple[list[torch.Tensor], float
     return [p.grad.detach().float().clone() for p in model.parameters()], start.elapsed_time(end) / timed
 
 
+def check_recipe(size: str, recipe: str, replays: int) -> None:
+    """One recipe's replayed gradients against eager ones, and both times; its model is freed on return."""
+    spec = SIZES[size]
+    cfg = load_config(REPO / spec["config"], [*spec["sets"], *recipe_sets(recipe)])
+    cfg.model.vocab_size, cfg.model.eos_id = 50257, 50256
+    torch.manual_seed(0)
+    model = build_model(cfg.model).cuda()
+    convert_linears_as_configured(model, cfg.precision)
+    B, T = cfg.train.batch_size, cfg.model.seq_len
+    x = torch.randint(0, 50257, (B, T), device="cuda")  # (B, T)
+    y = torch.randint(0, 50257, (B, T), device="cuda")  # (B, T)
+
+    def step(x, y):
+        return mean_loss(model(x), y)
+
+    eager, eager_ms = grads_and_ms(model, step, x, y, 6)
+    graph, graph_ms = grads_and_ms(model, torch.compile(step, mode="reduce-overhead"), x, y, 6 + replays)
+    worst, where = 0.0, ""
+    for (name, _), e, g in zip(model.named_parameters(), eager, graph):
+        rel = ((g - e).norm() / e.norm().clamp_min(1e-30)).item()
+        if rel > worst:
+            worst, where = rel, name
+    print(f"{size} {recipe}: replayed vs eager gradients, worst relative difference {worst:.3g} ({where}); "
+          f"eager {eager_ms:.2f} ms, replayed {graph_ms:.2f} ms per forward + backward "
+          f"({B * T / graph_ms * 1e3:,.0f} tokens/s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="124m", choices=list(SIZES))
@@ -53,31 +80,8 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("lowprec_graph_check.py: needs a CUDA GPU")
-    spec = SIZES[args.size]
     for recipe in args.recipes:
-        cfg = load_config(REPO / spec["config"], [*spec["sets"], *recipe_sets(recipe)])
-        cfg.model.vocab_size, cfg.model.eos_id = 50257, 50256
-        torch.manual_seed(0)
-        model = build_model(cfg.model).cuda()
-        convert_linears_as_configured(model, cfg.precision)
-        B, T = cfg.train.batch_size, cfg.model.seq_len
-        x = torch.randint(0, 50257, (B, T), device="cuda")  # (B, T)
-        y = torch.randint(0, 50257, (B, T), device="cuda")  # (B, T)
-
-        def step(x, y):
-            return mean_loss(model(x), y)
-
-        eager, eager_ms = grads_and_ms(model, step, x, y, 6)
-        graph, graph_ms = grads_and_ms(model, torch.compile(step, mode="reduce-overhead"), x, y, 6 + args.replays)
-        worst, where = 0.0, ""
-        for (name, _), e, g in zip(model.named_parameters(), eager, graph):
-            rel = ((g - e).norm() / e.norm().clamp_min(1e-30)).item()
-            if rel > worst:
-                worst, where = rel, name
-        print(f"{args.size} {recipe}: replayed vs eager gradients, worst relative difference {worst:.3g} ({where}); "
-              f"eager {eager_ms:.2f} ms, replayed {graph_ms:.2f} ms per forward + backward "
-              f"({B * T / graph_ms * 1e3:,.0f} tokens/s)", flush=True)
-        del model
+        check_recipe(args.size, recipe, args.replays)
         torch.compiler.reset()
         torch.cuda.empty_cache()
 
