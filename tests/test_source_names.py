@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-pyflakes = pytest.importorskip("pyflakes", reason="make test installs pyflakes; without it the names go unchecked")
-from pyflakes import checker, messages  # noqa: E402
+WHY = "make test installs pyflakes; without it the names go unchecked"
+checker = pytest.importorskip("pyflakes.checker", reason=WHY)
+messages = pytest.importorskip("pyflakes.messages", reason=WHY)
 
 ROOT = Path(__file__).resolve().parent.parent
 UNDEFINED = (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)
