@@ -286,6 +286,14 @@ def test_emulated_hopper_backward_next_s_needs_its_form(emu, monkeypatch, settin
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
 
 
+@pytest.mark.parametrize("scale", [-0.125, 0.0, float("inf")])
+def test_emulated_forward_refuses_a_scale_that_is_not_positive(emu, scale):
+    """The kernels scale the raw scores' running max, which needs a positive scale: others are refused by name."""
+    q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
+    with pytest.raises(RuntimeError, match="scale must be finite and positive"):
+        emu.fwd(q, k, v, None, 0, False, scale)
+
+
 def test_emulated_kernel_strided_inputs(emu):
     """(B, T, H, D) storage seen as (B, H, T, D), with NaN-filled neighbours: a stray read would show."""
     q, k, v, do = _nan_framed_views(emu, B=1, H=2, T=70, D=64, seed=1)

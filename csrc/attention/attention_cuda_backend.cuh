@@ -76,6 +76,7 @@ __device__ __forceinline__ float bf16_to_float(uint16_t x) { return __uint_as_fl
 
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 __device__ __forceinline__ int warp_xor_i32(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+__device__ __forceinline__ bool warp_any(bool pred) { return __any_sync(0xffffffffu, pred); }
 
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ int atomic_fetch_add_i32(int* p, int v) { return atomicAdd(p, v); }

@@ -109,57 +109,60 @@ __device__ __forceinline__ void stage_key_docs(int32_t* dst, const int32_t* doc,
 }
 
 // One key tile of the online softmax for this thread's rows row0 and row0 + 8: S (s[4 j + e]: row row0 + 8 (e >> 1),
-// key 8 j + 2 t4 + (e & 1) of the tile) masked and scaled to the log2 domain, the running max m and this thread's
-// share of the sums l brought up to date, s replaced by its exponentials, alpha the factor for what was summed before.
+// key 8 j + 2 t4 + (e & 1) of the tile) masked, the running max m (log2 domain) and this thread's share of the sums
+// l brought up to date, s replaced by its exponentials, alpha the factor for what was summed before. The scale
+// (scale_log2 > 0, so the raw maximum scales to the scaled one) goes into each exponent's fused multiply-add.
 template <int BN>
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              float scale_log2, const TileMask& mask, const int (&rdoc)[2]) {
   constexpr int kNB = BN / 8;  // n8-blocks of keys in S
+  if (!mask.full) {
 #pragma unroll
-  for (int j = 0; j < kNB; ++j) {
+    for (int j = 0; j < kNB; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = s[4 * j + e] * scale_log2;
-      if (!mask.full) {
+      for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + (e & 1), r = e >> 1;
         bool seen = static_cast<unsigned>(mask.diff0 + r * 8 - c) < mask.span && c < mask.keys_left;
         if (mask.doc_mask) seen = seen && rdoc[r] == mask.kdocs[c];
-        if (!seen) x = -INFINITY;
+        if (!seen) s[4 * j + e] = -INFINITY;
       }
-      s[4 * j + e] = x;
     }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = m[r];
+    float mx = -INFINITY;  // of the raw scores
 #pragma unroll
     for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
     mx = fmaxf(mx, warp_xor(mx, 2));
+    mx = fmaxf(m[r], mx * scale_log2);
     const float top = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
     alpha[r] = exp2f(m[r] - top);                  // rescales what was summed against the old max
     m[r] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
-      s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - top);
-      s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - top);
+      s[4 * j + 2 * r] = exp2f(fmaf(s[4 * j + 2 * r], scale_log2, -top));
+      s[4 * j + 2 * r + 1] = exp2f(fmaf(s[4 * j + 2 * r + 1], scale_log2, -top));
       sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
     }
     l[r] = l[r] * alpha[r] + sum;
   }
 }
 
-// O (64 x 128, this thread's rows) *= alpha per row; P (the exponentials in s) as the bf16 A operands of O += P V.
+// O (64 x 128, this thread's rows) *= alpha per row, skipped by a warp none of whose rows' max moved (alpha 1 is
+// exact); P (the exponentials in s) as the bf16 A operands of O += P V.
 template <int BN>
 __device__ __forceinline__ void rescale_and_pack(float (&o)[64], uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 2],
                                                  const float (&alpha)[2]) {
+  if (warp_any(alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    o[4 * j] *= alpha[0];
-    o[4 * j + 1] *= alpha[0];
-    o[4 * j + 2] *= alpha[1];
-    o[4 * j + 3] *= alpha[1];
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
   }
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {

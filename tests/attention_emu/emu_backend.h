@@ -219,6 +219,15 @@ inline V warp_xor_any(V v, int mask, int collective_id) {
 
 inline float warp_xor(float v, int mask) { return warp_xor_any(v, mask, 4); }
 inline int warp_xor_i32(int v, int mask) { return warp_xor_any(v, mask, 5); }
+inline bool warp_any(bool pred) {  // true for every lane when it is true for any
+  bool result = false;
+  emu::collective(20, &pred, &result, [](emu::Fiber** lanes) {
+    bool any = false;
+    for (int L = 0; L < 32; ++L) any = any || *static_cast<const bool*>(lanes[L]->in);
+    for (int L = 0; L < 32; ++L) *static_cast<bool*>(lanes[L]->out) = any;
+  });
+  return result;
+}
 
 // Fibers never run at once, so read-modify-write is atomic here.
 inline void atomic_add_f32(float* p, float v) { *p += v; }
