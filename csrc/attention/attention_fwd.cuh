@@ -199,7 +199,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
         }
       }
       // The raw scores' max, scaled (scale_log2 > 0) into the log2 domain; the scale goes into each exponent's
-      // fused multiply-add. O is rescaled only where some row of the warp has a new max (alpha 1 is exact).
+      // fused multiply-add. (Skipping O's rescale where no row's max moved, as the Hopper forwards do, makes this
+      // kernel spill on sm_80.)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
@@ -219,12 +220,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
           sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
         }
         l[mt][r] = l[mt][r] * alpha + sum;
-        if (warp_any(alpha != 1.f)) {
 #pragma unroll
-          for (int j = 0; j < kDB; ++j) {
-            o[mt][j][2 * r] *= alpha;
-            o[mt][j][2 * r + 1] *= alpha;
-          }
+        for (int j = 0; j < kDB; ++j) {
+          o[mt][j][2 * r] *= alpha;
+          o[mt][j][2 * r + 1] *= alpha;
         }
       }
     }
