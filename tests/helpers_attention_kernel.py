@@ -40,8 +40,8 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
 # dK, dK issued before dQ's first half or queued behind it (DQ_FIRST; auto when left out: 1 with dV early, else 0),
 # and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0).
 HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0",
-                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "1-2-1-1-0-1", "1-1-1-1-1-1"]
-BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4", "NEXT_S")
+                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1"]
+BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
 
 
 def set_backward_form(form: str, monkeypatch) -> None:

@@ -254,7 +254,7 @@ def test_tile_grid_puts_heads_fastest_and_checks_the_tile_count(emu):
 
 
 @pytest.mark.parametrize("variable, allowed", [("WGS", "1, 2"), ("TMA", "0, 1, 2"), ("EARLY_DV", "0, 1"),
-                                               ("DQ_FIRST", "0, 1"), ("DQ_V4", "0, 1"), ("NEXT_S", "0, 1")])
+                                               ("DQ_FIRST", "0, 1"), ("DQ_V4", "0, 1")])
 def test_emulated_hopper_backward_config_is_checked(emu, monkeypatch, variable, allowed):
     """A bad value of a Hopper backward setting names its variable and the values it takes."""
     q, k, v, do, _ = make_case(1, 1, 64, 128, "none")
@@ -274,21 +274,9 @@ def test_emulated_hopper_backward_dq_first_needs_early_dv(emu, monkeypatch):
         emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
 
 
-@pytest.mark.parametrize("setting", ["WGS=2", "TMA=0", "DQ_FIRST=0"])
-def test_emulated_hopper_backward_next_s_needs_its_form(emu, monkeypatch, setting):
-    """The next tile's S^T early needs one warpgroup, TMA loads and dQ's first half first: each other form refuses."""
-    q, k, v, do, _ = make_case(1, 1, 64, 128, "none")
-    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_NEXT_S", "1")
-    variable, value = setting.split("=")
-    monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{variable}", value)
-    with pytest.raises(RuntimeError, match="NEXT_S=1 needs TSCALE_ATTENTION_SM90_BWD_WGS=1, _TMA=1 or 2 and _DQ_FIRST=1"):
-        emu.bwd_sm90(do, q, k, v, out, lse, None, 0, 0.125)
-
-
 @pytest.mark.parametrize("scale", [-0.125, 0.0, float("inf")])
 def test_emulated_forward_refuses_a_scale_that_is_not_positive(emu, scale):
-    """The kernels scale the raw scores' running max, which needs a positive scale: others are refused by name."""
+    """The Hopper forwards scale the raw scores' running max, which needs a positive scale: others are refused by name."""
     q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
     with pytest.raises(RuntimeError, match="scale must be finite and positive"):
         emu.fwd(q, k, v, None, 0, False, scale)

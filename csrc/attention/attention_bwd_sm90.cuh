@@ -70,12 +70,11 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4, bool NEXT_S>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
   constexpr bool TMA_Q = TMA >= 1, TMA_ROWS = TMA == 2;
-  static_assert(!NEXT_S || (WGS == 1 && TMA_Q && DQ_FIRST), "NEXT_S needs one warpgroup, TMA loads and DQ_FIRST");
   using L = Sm90BwdLayout<WGS>;
   constexpr int kThreads = L::kThreads;
   constexpr int BM = 64;  // queries per step
@@ -162,22 +161,12 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
   for (int j = 0; j < 64; ++j) dk[j] = dv[j] = 0.f;
   float* dqa = p.dq_accum + bh * p.T_pad * 128;
 
-  // S^T = K Q^T of the query tile in buffer `parity` into s (queued, not committed).
-  auto issue_s = [&](float(&acc)[32], int parity) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
-      wgmma_ss<64>(acc, sw128_desc(k_s + at, 16, 1024), sw128_desc(q_buf(parity) + at, 16, 1024), kk > 0);
-    }
-  };
-  float s[32];  // S^T = K Q^T: 64 keys x 64 queries; with NEXT_S, issued during the previous step's last atomics
   int i = tiles.first;
   for (int step = 0; i >= 0; ++step) {
     const int parity = step & 1;
     const int ni = tiles.next(i);
-    const bool s_issued = NEXT_S && step > 0;  // the previous step issued this tile's S^T after waiting for it
     cp_async_wait<0>();  // K, V and tile i landed
-    if (TMA_Q && !s_issued) mbar_wait(q_full + 8 * parity, (step >> 1) & 1);  // the (step / 2)-th fill of the buffer
+    if constexpr (TMA_Q) mbar_wait(q_full + 8 * parity, (step >> 1) & 1);  // the (step / 2)-th fill of this buffer
     fence_proxy_async();
     __syncthreads();  // ... for every thread, and every warpgroup is done with the previous step
     const uint32_t qt_s = q_buf(parity), dot_s = do_buf(parity);
@@ -185,9 +174,13 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     const float* delta_t = delta_s + parity * BM;
     const int32_t* qdocs_t = qdocs_s + parity * BM;
 
-    float dp[32];  // dP^T = V dO^T: 64 keys x 64 queries
+    float s[32], dp[32];  // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries
     wgmma_fence();
-    if (!s_issued) issue_s(s, parity);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
+      wgmma_ss<64>(s, sw128_desc(k_s + at, 16, 1024), sw128_desc(qt_s + at, 16, 1024), kk > 0);
+    }
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t at = (kk >> 2) * L::kHalf + (kk & 3) * 32;
@@ -296,13 +289,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       if (DQ_FIRST && hh == 0) {  // dK (and dV) queued behind the first dQ product, running during its atomics
         issue_dk_dv();
         wgmma_wait<1>();
-      } else if (NEXT_S && ni >= 0) {  // the next tile's S^T queued behind dQ's last half, running during its atomics
-        mbar_wait(q_full + 8 * (parity ^ 1), ((step + 1) >> 1) & 1);
-        fence_proxy_async();
-        wgmma_fence();
-        issue_s(s, parity ^ 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // retires dK, dV and dQ's last half
       } else {
         wgmma_wait<0>();  // (the first also retires the dK product, and the dV product when issued with it)
       }
@@ -323,7 +309,6 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     fence_registers(dk);
     if constexpr (!EARLY_DV) fence_registers(pa);
     fence_registers(da);
-    if constexpr (NEXT_S) fence_registers(s);
     i = ni;
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
@@ -344,7 +329,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4, bool NEXT_S = false>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -360,8 +345,8 @@ void launch_bwd_sm90_main(const BwdCall& c) {
     if (p.doc != nullptr) maps.docs = make_vec_map(p.doc, static_cast<int64_t>(p.B) * p.T, 64);
   }
   const dim3 grid = tile_grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST, DQ_V4, NEXT_S>, grid,
-                dim3(L::kThreads), L::kBytes, p, maps);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST, DQ_V4>, grid, dim3(L::kThreads), L::kBytes, p,
+                maps);
 }
 
 // The main kernel's form, from the environment (each setting takes `auto`, its default):
@@ -383,11 +368,9 @@ void launch_bwd_sm90_main(const BwdCall& c) {
 //     H100, the windowed masks unchanged (docs/BENCHMARKS.md "dQ's first half before dK").
 //   TSCALE_ATTENTION_SM90_BWD_DQ_V4 = 1 (dQ's atomics as one four-float vector atomic a lane and 16 x 8 block,
 //     dq_accum lane-major) | 0 (four scalar atomics, element-major); default 0.
-//   TSCALE_ATTENTION_SM90_BWD_NEXT_S = 1 (the next query tile's S^T issued behind dQ's last half, running during its
-//     atomics; one warpgroup, TMA >= 1 and DQ_FIRST only) | 0 (issued at the top of its own step); default 0.
 struct Sm90BwdForm {
   int wgs, tma;
-  bool early_dv, dq_first, dq_v4, next_s;
+  bool early_dv, dq_first, dq_v4;
 };
 
 // Whether the TMA unit can bring a query tile's lse, Delta and document ids: a box's first element must lie on a
@@ -411,18 +394,11 @@ inline Sm90BwdForm sm90_backward_form(const BwdParams& p) {
   TORCH_CHECK(!f.dq_first || f.early_dv,
               "TSCALE_ATTENTION_SM90_BWD_DQ_FIRST=1 needs TSCALE_ATTENTION_SM90_BWD_EARLY_DV=1 (or auto)");
   f.dq_v4 = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_DQ_V4", {0, 1}, 0) == 1;
-  f.next_s = sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_NEXT_S", {0, 1}, 0) == 1;
-  TORCH_CHECK(!f.next_s || (f.wgs == 1 && f.tma >= 1 && f.dq_first),
-              "TSCALE_ATTENTION_SM90_BWD_NEXT_S=1 needs TSCALE_ATTENTION_SM90_BWD_WGS=1, _TMA=1 or 2 and _DQ_FIRST=1 "
-              "(or auto)");
   return f;
 }
 
 template <int WGS, int MIN_BLOCKS, int TMA, bool DQ_V4>
 void launch_bwd_sm90_schedule(const BwdCall& c, const Sm90BwdForm& f) {
-  if constexpr (WGS == 1 && TMA >= 1) {
-    if (f.next_s) return launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, true, true, DQ_V4, true>(c);
-  }
   if (!f.early_dv)
     launch_bwd_sm90_main<WGS, MIN_BLOCKS, TMA, false, false, DQ_V4>(c);
   else

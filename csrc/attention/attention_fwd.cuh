@@ -190,33 +190,31 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
       for (int j = 0; j < kNB; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
+          float x = s[mt][j][e] * p.scale_log2;
           if (!full) {
             const int c = j * 8 + (e & 1), r = e >> 1;
             bool seen = static_cast<unsigned>(diff0 + mt * 16 + r * 8 - c) < span && c < keys_left;
             if (doc_mask) seen = seen && rdoc[mt][r] == kdocs[c];
-            if (!seen) s[mt][j][e] = -INFINITY;
+            if (!seen) x = -INFINITY;
           }
+          s[mt][j][e] = x;
         }
       }
-      // The raw scores' max, scaled (scale_log2 > 0) into the log2 domain; the scale goes into each exponent's
-      // fused multiply-add. (Skipping O's rescale where no row's max moved, as the Hopper forwards do, makes this
-      // kernel spill on sm_80.)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
+        float mx = m[mt][r];
 #pragma unroll
         for (int j = 0; j < kNB; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
         mx = fmaxf(mx, warp_xor(mx, 1));  // the 4 lanes of a quad share the row
         mx = fmaxf(mx, warp_xor(mx, 2));
-        mx = fmaxf(m[mt][r], mx * p.scale_log2);
         const float base = mx == -INFINITY ? 0.f : mx;  // all hidden so far: exponentials against 0
         const float alpha = exp2f(m[mt][r] - base);     // rescales what was summed against the old max
         m[mt][r] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < kNB; ++j) {
-          s[mt][j][2 * r] = exp2f(fmaf(s[mt][j][2 * r], p.scale_log2, -base));
-          s[mt][j][2 * r + 1] = exp2f(fmaf(s[mt][j][2 * r + 1], p.scale_log2, -base));
+          s[mt][j][2 * r] = exp2f(s[mt][j][2 * r] - base);
+          s[mt][j][2 * r + 1] = exp2f(s[mt][j][2 * r + 1] - base);
           sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
         }
         l[mt][r] = l[mt][r] * alpha + sum;
@@ -335,7 +333,7 @@ inline FwdCall prepare_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const
                            const std::optional<at::Tensor>& doc_ids, int64_t window, bool sink, double scale) {
   constexpr const char* op = "attention_fwd_cuda";
   check_qkv(q_in, k_in, v_in, op);
-  // (positive: the kernels scale the raw scores' running max)
+  // (positive: the Hopper forwards scale the raw scores' running max)
   TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": scale must be finite and positive, got ", scale);
   const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
   const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
