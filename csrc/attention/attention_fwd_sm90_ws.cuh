@@ -13,7 +13,8 @@
 //   wait for the P V product; free V(t - 1); rescale O; P(t) from S(t)
 // with no block-wide synchronisation after the start: a consumer waits only for the buffers it reads, the producer
 // only for buffers to refill. With PINGPONG the two consumers take turns to issue their products (named barriers
-// 1 and 2), so that one's softmax runs while the other's products hold the tensor cores. The epilogue is the other
+// 1 and 2), a turn ending once its S(t) is done, so that one's softmax runs while the other's products hold the
+// tensor cores. The epilogue is the other
 // Hopper forward's (store_output_rows).
 #pragma once
 
@@ -107,8 +108,8 @@ struct WsRows {
 };
 
 // One key tile t (ring buffer i % STAGES; `done` tiles of this query tile before it) of a consumer warpgroup cwg
-// whose Q rows are at q_rows: the step of the consumers' loop in this file's head. With PINGPONG the issue is a turn
-// between named barriers 1 and 2 (`more`: a tile follows this one).
+// whose Q rows are at q_rows: the step of the consumers' loop in this file's head. With PINGPONG the issue and the
+// wait for S(t) are a turn between named barriers 1 and 2 (`more`: a tile follows this one).
 template <class L, int BN, int STAGES, bool PINGPONG>
 __device__ __forceinline__ void consume_key_tile(const WsRing<L, STAGES>& r, const FwdParams& p,
                                                  const ForwardKeyTiles& tiles, WsRows<BN>& w, int t, int i, int done,
@@ -122,12 +123,14 @@ __device__ __forceinline__ void consume_key_tile(const WsRing<L, STAGES>& r, con
   float s_acc[BN / 2];  // S = Q K^T: 64 rows x BN keys
   issue_s<BN>(s_acc, q_rows, L::kHalfQ, r.k_buf(s));
   if (done > 0) issue_pv<BN>(w.o, w.pa, r.v_buf(w.prev));
-  if (PINGPONG && (cwg == 0 || more)) named_barrier_arrive(2 - cwg, 256);
   if (done > 0) {
     wgmma_wait<1>();  // S(t) is done; the P V product may still run
   } else {
     wgmma_wait<0>();
   }
+  // The other consumer's turn once S(t) is done: a barrier arrival between the products' issue and their wait makes
+  // ptxas serialise every wgmma of the kernel (C7514).
+  if (PINGPONG && (cwg == 0 || more)) named_barrier_arrive(2 - cwg, 256);
   fence_registers(s_acc);
 
   const TileMask mask = tile_mask<L::kBM, BN>(tiles, t, q0, row0, t4, p.T, p.window, key_docs + s * BN);
