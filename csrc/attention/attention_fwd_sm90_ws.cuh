@@ -14,8 +14,7 @@
 // with no block-wide synchronisation after the start: a consumer waits only for the buffers it reads, the producer
 // only for buffers to refill. With PINGPONG the two consumers take turns to issue their products (named barriers
 // 1 and 2), a turn ending once its S(t) is done, so that one's softmax runs while the other's products hold the
-// tensor cores. The epilogue is the other
-// Hopper forward's (store_output_rows).
+// tensor cores. The epilogue is the other Hopper forward's (store_output_rows).
 #pragma once
 
 #include <algorithm>
