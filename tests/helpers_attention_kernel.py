@@ -40,13 +40,22 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
 # dK, dK issued before dQ's first half or queued behind it (DQ_FIRST; auto when left out: 1 with dV early, else 0),
 # and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0).
 HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0",
-                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1"]
+                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "s-1-1", "s-1-2"]
 BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
 
 
+def backward_form_tma(form: str) -> str:
+    """The TMA setting of a HOPPER_BACKWARD_FORMS entry."""
+    return form.removeprefix("s-").split("-")[1]
+
+
 def set_backward_form(form: str, monkeypatch) -> None:
-    """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings."""
-    values = form.split("-")
+    """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings; a form
+    that starts with "s-" is the split backward (TSCALE_ATTENTION_BWD_DQ=split: the query-major dQ kernel, then the
+    main kernel without dQ), the others add dQ with atomics."""
+    split = form.startswith("s-")
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "split" if split else "atomic")
+    values = form.removeprefix("s-").split("-")
     for name, value in zip(BACKWARD_SETTINGS, values + ["auto"] * (len(BACKWARD_SETTINGS) - len(values))):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 

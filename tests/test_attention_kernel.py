@@ -14,8 +14,8 @@ kernel rounds P and dS to bf16 for the tensor cores, as FlashAttention does.
 import pytest
 import torch
 from helpers_attention import doc_ids
-from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, hopper, make_case, opcheck_kernel_ops,
-                                      reference_grads, set_backward_form, set_forward_config)
+from helpers_attention_kernel import (HOPPER_BACKWARD_FORMS, assert_close, backward_form_tma, hopper, make_case,
+                                      opcheck_kernel_ops, reference_grads, set_backward_form, set_forward_config)
 
 from tscale.ops.attention import (KERNEL_MAX_BATCH, KERNEL_MAX_SEQ_LEN, _attention_backward_op, _attention_op,
                                   attention, attention_kernel, attention_path, attention_reference,
@@ -99,7 +99,7 @@ def test_hopper_backward_matches_reference(window, layout, sink, form, monkeypat
         pytest.skip("the Hopper backward needs an sm_90 GPU")
     monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "sm90")
     set_backward_form(form, monkeypatch)
-    T = 332 if form.split("-")[1] == "2" else 333  # form 2 needs T a multiple of 4 (else it runs form 1)
+    T = 332 if backward_form_tma(form) == "2" else 333  # form 2 needs T a multiple of 4 (else it runs form 1)
     _check_kernel(*make_case(2, 3, T, 128, layout, seed=window + 2, device="cuda"), window=window, sink=sink)
 
 

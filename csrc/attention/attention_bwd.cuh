@@ -22,6 +22,8 @@
 // floats; the sm_80 kernel's order) or lane-major (at L * 4 + c: one four-float vector atomic per lane
 // covers 128, sm_90 and later; the Hopper kernel's with TSCALE_ATTENTION_SM90_BWD_DQ_V4).
 // Summation order varies from run to run, so dq is not bit-reproducible (dk, dv are).
+// The split backward (TSCALE_ATTENTION_BWD_DQ=split, bwd_split_dq) runs attention_bwd_query.cuh's query-major kernel
+// (dq and Delta, no atomics, no dq_accum) and then the main kernel without its dQ part: two kernels, dq reproducible.
 //
 // Query tiles visited by the key tile [k0, k0 + 64): causal, from the tile of query k0; window,
 // up to the tile of query k0 + 63 + window - 1; documents, up to the last tile whose id range
@@ -31,6 +33,7 @@
 
 #include <algorithm>
 
+#include "attention_bwd_query.cuh"
 #include "attention_host.h"
 
 namespace tscale::attn {
@@ -77,7 +80,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_delta_kernel(const Bwd
   for (int64_t i = t * D + lane * 4; i < end; i += 128) store_zero_16(dqa + i);
 }
 
-template <int D>
+// WITH_DQ = false: the split backward's dK and dV only (attention_bwd_query.cuh computed dq and Delta before it).
+template <int D, bool WITH_DQ = true>
 __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams p) {
   using L = BwdLayout<D>;
   constexpr int BM = L::kBM, P = L::kPitch, PS = L::kDsPitch;
@@ -253,6 +257,11 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(const BwdParams
       }
     }
 
+    if constexpr (!WITH_DQ) {
+      __syncthreads();  // every warp is done with this parity's query buffers, which the next step refills
+      i = ni;
+      continue;
+    }
     // dS^T as bf16 into shared memory: this warp's 16 key rows, BM query columns.
 #pragma unroll
     for (int j = 0; j < kQB; ++j) {
@@ -350,12 +359,23 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
 // The backward's launch parameters with the tensors they point into (kept alive until the kernels are queued).
 struct BwdCall {
   BwdParams p{};
+  bool split = false;  // bwd_split_dq: no delta and dq kernels, no dq_accum
   at::Tensor dq, dk, dv, q, k, v, out, dout, lse, delta, dq_accum, docs;
   DocStats stats;
   int n_tiles = 0;           // 64-key tiles: the main kernel's blocks per (b, h)
   int64_t delta_blocks = 0;  // 4 warps, one row each
   int64_t dq_blocks = 0;     // 8 warps, one 16-row strip each
 };
+
+// How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default: the main kernel adds dS K into an fp32
+// dq_accum, between the delta and dq kernels) | split (attention_bwd_query.cuh's kernel, then the main kernel without
+// its dQ part).
+inline bool bwd_split_dq() {
+  const char* env = std::getenv("TSCALE_ATTENTION_BWD_DQ");
+  if (env == nullptr || std::strcmp(env, "atomic") == 0 || std::strcmp(env, "auto") == 0) return false;
+  TORCH_CHECK(std::strcmp(env, "split") == 0, "TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got '", env, "'");
+  return true;
+}
 
 // Checks the op's arguments and allocates its outputs: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage
 // (token_major). Nothing is launched yet but the document ranges' kernel.
@@ -388,7 +408,9 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   c.lse = lse_in.contiguous();
   c.n_tiles = (T + kTile - 1) / kTile;
   c.delta = at::empty({B, H, T}, c.lse.options());
-  c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());  // zeroed by delta
+  c.split = bwd_split_dq();
+  if (!c.split)  // zeroed by the delta kernel
+    c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());
 
   BwdParams& p = c.p;
   p.q = reinterpret_cast<const uint16_t*>(c.q.data_ptr());
@@ -403,7 +425,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   p.sdo = strides_of(c.dout);
   p.lse = c.lse.data_ptr<float>();
   p.delta = c.delta.data_ptr<float>();
-  p.dq_accum = c.dq_accum.data_ptr<float>();
+  p.dq_accum = c.split ? nullptr : c.dq_accum.data_ptr<float>();
   p.dq = reinterpret_cast<uint16_t*>(c.dq.data_ptr());
   p.dk = reinterpret_cast<uint16_t*>(c.dk.data_ptr());
   p.dv = reinterpret_cast<uint16_t*>(c.dv.data_ptr());
@@ -439,9 +461,19 @@ inline void launch_bwd_dq(const BwdCall& c) {
                 c.p);
 }
 
-// The three kernels with the sm_80 main kernel (mma.sync), for either head dim.
+// The three kernels with the sm_80 main kernel (mma.sync), for either head dim; or the split backward's two.
 inline void launch_bwd_mma(const BwdCall& c) {
   const dim3 grid = tile_grid(c.n_tiles, c.p.H, c.p.B);
+  if (c.split) {
+    if (c.p.D == 64) {
+      launch_bwd_query<64>(c.p);
+      launch_kernel(attention_bwd_kernel<64, false>, grid, dim3(kThreads), BwdLayout<64>::kBytes, c.p);
+    } else {
+      launch_bwd_query<128>(c.p);
+      launch_kernel(attention_bwd_kernel<128, false>, grid, dim3(kThreads), BwdLayout<128>::kBytes, c.p);
+    }
+    return;
+  }
   if (c.p.D == 64) {
     launch_bwd_delta<64>(c);
     launch_kernel(attention_bwd_kernel<64>, grid, dim3(kThreads), BwdLayout<64>::kBytes, c.p);

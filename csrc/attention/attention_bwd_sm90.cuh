@@ -70,7 +70,8 @@ __device__ __forceinline__ void stage_query_rows(const float* lse_g, const float
   }
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4>
+// WITH_DQ = false: the split backward's dK and dV only (attention_bwd_query.cuh computed dq and Delta before it).
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4, bool WITH_DQ = true>
 __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     attention_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ Sm90BwdMaps maps) {
 #ifdef TSCALE_SM90A_DEVICE
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
     }
     // dS^T as bf16 into its swizzled tile (key row kr, query columns 8 j..8 j + 7 in chunk j), for dQ.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2 && WITH_DQ; ++r) {
       const int kr = warp * 16 + g + 8 * r;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -255,8 +256,10 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       fence_registers(dv);
       fence_registers(pa);
     }
-    fence_proxy_async();
-    __syncthreads();  // dS^T complete for every warp's products
+    if constexpr (WITH_DQ) {
+      fence_proxy_async();
+      __syncthreads();  // dS^T complete for every warp's products
+    }
 
     auto issue_dk_dv = [&] {
       wgmma_fence();
@@ -268,6 +271,16 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       for (int ks = 0; ks < 4; ++ks) wgmma_rs_n128_tb(dk, da[ks], sw128_desc(qt_s + ks * 2048, L::kHalf, 1024));
       wgmma_commit();
     };
+    if constexpr (!WITH_DQ) {  // the next step's top barrier orders these reads of Q and dO before their refill
+      issue_dk_dv();
+      wgmma_wait<0>();
+      fence_registers(dv);
+      fence_registers(dk);
+      if constexpr (!EARLY_DV) fence_registers(pa);
+      fence_registers(da);
+      i = ni;
+      continue;
+    }
     if constexpr (!DQ_FIRST) issue_dk_dv();
 
     // dQ(tile) += dS K over the block's 64 WGS keys (k-steps of 16: dS^T rows ks * 16.., contiguous over the
@@ -329,7 +342,7 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
 #endif
 }
 
-template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4>
+template <int WGS, int MIN_BLOCKS, int TMA, bool EARLY_DV, bool DQ_FIRST, bool DQ_V4, bool WITH_DQ = true>
 void launch_bwd_sm90_main(const BwdCall& c) {
   using L = Sm90BwdLayout<WGS>;
   const BwdParams& p = c.p;
@@ -345,8 +358,8 @@ void launch_bwd_sm90_main(const BwdCall& c) {
     if (p.doc != nullptr) maps.docs = make_vec_map(p.doc, static_cast<int64_t>(p.B) * p.T, 64);
   }
   const dim3 grid = tile_grid((p.T + L::kKeys - 1) / L::kKeys, p.H, p.B);
-  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST, DQ_V4>, grid, dim3(L::kThreads), L::kBytes, p,
-                maps);
+  launch_kernel(attention_bwd_sm90_kernel<WGS, MIN_BLOCKS, TMA, EARLY_DV, DQ_FIRST, DQ_V4, WITH_DQ>, grid,
+                dim3(L::kThreads), L::kBytes, p, maps);
 }
 
 // The main kernel's form, from the environment (each setting takes `auto`, its default):
@@ -422,10 +435,18 @@ void launch_bwd_sm90_loads(const BwdCall& c, const Sm90BwdForm& f) {
     launch_bwd_sm90_atomics<WGS, MIN_BLOCKS, 0>(c, f);
 }
 
-// The three kernels with this main kernel (head dim 128): delta, main, dq.
+// The three kernels with this main kernel (head dim 128): delta, main, dq. The split backward (c.split): the
+// query-major dQ kernel, then the main kernel without dQ in the default form (one warpgroup, dV early; the rows'
+// values by TMA where they can be).
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
   const Sm90BwdForm f = sm90_backward_form(c.p);
+  if (c.split) {
+    launch_bwd_query<128>(c.p);
+    f.tma == 2 ? launch_bwd_sm90_main<1, 2, 2, true, false, false, false>(c)
+               : launch_bwd_sm90_main<1, 2, 1, true, false, false, false>(c);
+    return;
+  }
   launch_bwd_delta<128>(c);
   f.wgs == 1 ? launch_bwd_sm90_loads<1, 2>(c, f) : launch_bwd_sm90_loads<2, 1>(c, f);
   f.dq_v4 ? launch_bwd_dq<128, true>(c) : launch_bwd_dq<128, false>(c);

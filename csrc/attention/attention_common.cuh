@@ -280,7 +280,9 @@ struct ForwardKeyTiles {
   }
 };
 
-__device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const FwdParams& p, int b, int q0, int bm, int bn) {
+// (Params: FwdParams, or BwdParams for the backward's query-major dQ kernel.)
+template <typename Params>
+__device__ __forceinline__ ForwardKeyTiles forward_key_tiles(const Params& p, int b, int q0, int bm, int bn) {
   ForwardKeyTiles w;
   w.docs = p.doc != nullptr;
   w.dmin = w.docs ? p.doc_min + static_cast<int64_t>(b) * p.n_stat : nullptr;
