@@ -58,6 +58,30 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.cuda
 @needs_kernel
 @needs_sm80
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("layout", ["none", "sparse", "each"])
+@pytest.mark.parametrize("window", [0, 1, 128, 300])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("main", ["mma", "auto"])
+def test_split_backward_matches_reference(main, D, window, layout, sink, monkeypatch):
+    """The split backward (TSCALE_ATTENTION_BWD_DQ=split): the query-major dQ kernel, then the sm_80 main kernel
+    (mma) or the one the GPU prefers (auto: the Hopper one at head dim 128 on sm_90) without dQ; dq reproducible."""
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "split")
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", main)
+    case = make_case(2, 3, 332, D, layout, seed=window + 3, device="cuda")
+    _check_kernel(*case, window=window, sink=sink)
+    q, k, v, do, docs = case
+    kw = dict(window=window, doc_ids=docs, sink=sink, scale=D ** -0.5)
+
+    def dq():
+        leaf = q.detach().clone().requires_grad_()
+        return torch.autograd.grad(attention_kernel(leaf, k, v, **kw), leaf, do)[0]
+    assert torch.equal(dq(), dq())
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])

@@ -17,7 +17,8 @@
 # when the logs do not.
 # ROUNDS (default 2) sets the profile rounds; TESTS_K narrows the tests (a pytest -k expression), TESTS=0 skips
 # them; VARIANTS adds profiles of this tree with settings, each NAME:VAR=VALUE[,VAR=VALUE...]
-# (profile-new_NAME-ROUND.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1".
+# (profile-new_NAME-ROUND.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1"; MODEL_VARIANTS the same for the
+# model's attention cost (OUT_DIR/model-new_NAME/); HEADLINE=0 skips attention_kernel.py.
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 AB_TREES_OPTIONAL=1 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
@@ -46,23 +47,28 @@ for round in $(seq "${ROUNDS:-2}"); do
   for dir in "${BASES[@]}"; do profile "$(basename "$dir")-$round" "$dir"; done
   for variant in ${VARIANTS:-}; do profile "new_${variant%%:*}-$round" "$PWD" "${variant#*:}"; done
 done
-timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attention_kernel.log" 2>&1
-echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"
-cp docs/bench/attention_kernel.json "$OUT/" 2>/dev/null
+if [ "${HEADLINE:-1}" = 1 ]; then
+  timeout "$(left)" python3 scripts/bench/attention_kernel.py > "$OUT/logs/attention_kernel.log" 2>&1
+  echo "attention_kernel.py exit $?"; tail -12 "$OUT/logs/attention_kernel.log"
+  cp docs/bench/attention_kernel.json "$OUT/" 2>/dev/null
+fi
 tok=.cache/issue3/tokens
 if [ ! -f $tok/manifest.json ] && [ -d .devdata/data ]; then
   timeout "$(left)" python3 -m tscale tokenize .devdata/data/mix.jsonl.xz .devdata/data/code-slice.jsonl.xz \
     --tokenizer .devdata/data/gpt2-bpe -o $tok --quiet
 fi
-model_cost() {  # NAME PYTHONPATH-FIRST: the attention of a tscale 124M step, timed and profiled (3 steps)
+model_cost() {  # NAME PYTHONPATH-FIRST [VAR=VALUE,...]: the attention of a tscale 124M step, timed and profiled (3 steps)
   local name=$1 root=$2
-  PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/architecture.py attention --tokens $tok \
+  local -a settings=()
+  [ -n "${3:-}" ] && IFS=, read -r -a settings <<< "$3"
+  env "${settings[@]}" PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/architecture.py attention --tokens $tok \
     --work "$OUT/model-$name" --out-dir "$OUT/model-$name" --profile-steps 3 > "$OUT/logs/model-$name.log" 2>&1
   echo "$name: $(grep -E "^attention T=" "$OUT/logs/model-$name.log" | cut -c1-60 | tr '\n' ' ')"
 }
 if [ -f $tok/manifest.json ]; then  # no tokens (.devdata/data not carried, or no time left): no model cost
   model_cost new "$PWD"
   for dir in "${BASES[@]}"; do model_cost "$(basename "$dir")" "$dir"; done
+  for variant in ${MODEL_VARIANTS:-}; do model_cost "new_${variant%%:*}" "$PWD" "${variant#*:}"; done
 fi
 python3 scripts/bench/attention_ab_summary.py "$OUT" | tail -1
 true
