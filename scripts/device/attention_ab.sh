@@ -18,7 +18,8 @@
 # ROUNDS (default 2) sets the profile rounds; TESTS_K narrows the tests (a pytest -k expression), TESTS=0 skips
 # them; VARIANTS adds profiles of this tree with settings, each NAME:VAR=VALUE[,VAR=VALUE...]
 # (profile-new_NAME-ROUND.json), e.g. "dqv4:TSCALE_ATTENTION_SM90_BWD_DQ_V4=1"; MODEL_VARIANTS the same for the
-# model's attention cost (OUT_DIR/model-new_NAME/); HEADLINE=0 skips attention_kernel.py.
+# model's attention cost (OUT_DIR/model-new_NAME/); HEADLINE=0 skips attention_kernel.py; PROFILE_ARGS are passed to
+# attention_profile.py (e.g. "--windows 128 512").
 # Set TSCALE_COMMIT to this tree's commit: the GPU machine's copy of .git may be older than the tree sent.
 AB_TREES_OPTIONAL=1 source scripts/device/ab_builds.sh attention_ab.sh "$@"
 usage() {  # one "kernel name:" line (template arguments kept) and its REG/STACK/SHARED line per kernel
@@ -36,7 +37,7 @@ profile() {  # NAME PYTHONPATH-FIRST [VAR=VALUE,...]
   local -a settings=()
   [ -n "${3:-}" ] && IFS=, read -r -a settings <<< "$3"
   env "${settings[@]}" PYTHONPATH="$root:/tmp/site" timeout "$(left)" python3 scripts/bench/attention_profile.py \
-    --out "$OUT/profile-$name.json" > "$OUT/logs/profile-$name.log" 2>&1
+    ${PROFILE_ARGS:-} --out "$OUT/profile-$name.json" > "$OUT/logs/profile-$name.log" 2>&1
   echo "$name: $(grep -E "per forward" "$OUT/logs/profile-$name.log" | tr '\n' ' ')"
 }
 for dir in "${BASES[@]}"; do
