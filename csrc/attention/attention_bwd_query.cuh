@@ -40,7 +40,6 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_query_kernel(const Bwd
   constexpr int P = L::kPitch, BM = kTile;
   constexpr int kNB = kTile / 8;  // n8-blocks of keys in S and dP
   constexpr int kDB = D / 8;      // n8-blocks of head dims in dQ
-  constexpr int kPer = D / 32;    // Delta: elements of a row per lane
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
   const uint32_t base = smem_addr(smem);
   const uint32_t q_s = base + L::kQ, do_s = base + L::kDO, v_s = base + L::kV;
@@ -85,20 +84,31 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_query_kernel(const Bwd
   load_tile<kTile, D>(v_s, vg, p.sv.t, first * kTile, T, tid);
   cp_async_commit();
 
-  // Delta of the warp's 16 rows while the tiles load: one row at a time, kPer elements a lane (0 past T).
+  // Delta of the warp's 16 rows while the tiles load: lane L takes half L & 1 of row L >> 1 (0 past T), every load
+  // issued before the first is used.
   float* delta_g = p.delta + bh * T;
-  for (int r = 0; r < 16; ++r) {
-    const int row = q0 + wrow + r;
+  {
+    constexpr int kWords = D / 4;  // 32-bit words (bf16 pairs) in half a row
+    const int r = lane >> 1, row = q0 + wrow + r;
+    uint32_t o[kWords / 4][4], d[kWords / 4][4];
     float acc = 0.f;
     if (row < T) {
-      const uint16_t* o = og + row * p.so.t + lane * kPer;
-      const uint16_t* d = dog + row * p.sdo.t + lane * kPer;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) acc += bf16_to_float(o[i]) * bf16_to_float(d[i]);
+      for (int i = 0; i < kWords / 4; ++i) {
+        load_u32x4(o[i], og + row * p.so.t + (lane & 1) * (D / 2) + i * 8);
+        load_u32x4(d[i], dog + row * p.sdo.t + (lane & 1) * (D / 2) + i * 8);
+      }
+#pragma unroll
+      for (int i = 0; i < kWords / 4; ++i) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          acc += bf16_to_float(static_cast<uint16_t>(o[i][w])) * bf16_to_float(static_cast<uint16_t>(d[i][w]));
+          acc += bf16_to_float(static_cast<uint16_t>(o[i][w] >> 16)) * bf16_to_float(static_cast<uint16_t>(d[i][w] >> 16));
+        }
+      }
     }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) acc += warp_xor(acc, m);
-    if (lane == 0) {
+    acc += warp_xor(acc, 1);
+    if ((lane & 1) == 0) {
       delta_s[wrow + r] = acc;
       if (row < T) delta_g[row] = acc;
     }

@@ -99,6 +99,14 @@ __device__ __forceinline__ void load_f32x4(float (&v)[4], const float* p) {
   v[2] = x.z;
   v[3] = x.w;
 }
+// Eight bf16 values (four 32-bit words) from a 16-byte aligned global address, one load.
+__device__ __forceinline__ void load_u32x4(uint32_t (&v)[4], const uint16_t* p) {
+  const uint4 x = *reinterpret_cast<const uint4*>(p);
+  v[0] = x.x;
+  v[1] = x.y;
+  v[2] = x.z;
+  v[3] = x.w;
+}
 // Four zero floats at a 16-byte aligned global address, one store.
 __device__ __forceinline__ void store_zero_16(float* p) { *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f); }
 // 32 bits to shared memory; 16 bytes from shared memory to a 16-byte aligned global address.

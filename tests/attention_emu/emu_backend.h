@@ -247,6 +247,10 @@ inline void load_f32x4(float (&v)[4], const float* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_f32x4 at an address that is not 16-byte aligned");
   std::memcpy(v, p, 16);
 }
+inline void load_u32x4(uint32_t (&v)[4], const uint16_t* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("load_u32x4 at an address that is not 16-byte aligned");
+  std::memcpy(v, p, 16);
+}
 inline void store_zero_16(float* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("store_zero_16 at an address that is not 16-byte aligned");
   std::memset(p, 0, 16);
