@@ -367,9 +367,9 @@ struct BwdCall {
   int64_t dq_blocks = 0;     // 8 warps, one 16-row strip each
 };
 
-// How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default: the main kernel adds dS K into an fp32
-// dq_accum, between the delta and dq kernels) | split (attention_bwd_query.cuh's kernel, then the main kernel without
-// its dQ part).
+// How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default, and auto: the main kernel adds dS K into
+// an fp32 dq_accum, between the delta and dq kernels; the faster on every mask measured) | split
+// (attention_bwd_query.cuh's kernel, then the main kernel without its dQ part: dq reproducible bit for bit).
 inline bool bwd_split_dq() {
   const char* env = std::getenv("TSCALE_ATTENTION_BWD_DQ");
   if (env == nullptr || std::strcmp(env, "atomic") == 0 || std::strcmp(env, "auto") == 0) return false;

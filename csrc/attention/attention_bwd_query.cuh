@@ -10,8 +10,10 @@
 //      and writes dq = scale * dQ as bf16 rows at the end.
 //   2. the main kernel without its dQ part (attention_bwd.cuh, WITH_DQ = false): dK and dV.
 // S and dP are computed twice (once here, once in kernel 2): seven products per tile pair against five, in exchange
-// for no fp32 dq_accum (4 bytes per element to zero, add into with atomics and read back) and one kernel fewer. Calls
-// whose tile pairs are few (a short window) are bound by those bytes, not by the products.
+// for no fp32 dq_accum (4 bytes per element to zero, add into with atomics and read back) and one kernel fewer, and
+// a dq that is the same bit for bit in every run. Measured on an H100 (docs/BENCHMARKS.md "The split backward"), it
+// is slower than the atomics everywhere: 3-5% on the model's windowed calls, 39% on a long causal one. It is what a
+// run that needs a reproducible dq can choose.
 // K has two buffers (the next tile's fetched while this one's products run), V one (the next fetched once S and dP
 // are done); Q and dO are loaded once.
 #pragma once

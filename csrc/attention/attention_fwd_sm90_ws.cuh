@@ -367,9 +367,9 @@ void launch_fwd_sm90_ws_stages(const FwdParams& p, bool pingpong) {
 // Keys per tile (TSCALE_ATTENTION_SM90_BN = 64 | 128, default 128), buffers of K and V in the ring
 // (TSCALE_ATTENTION_SM90_STAGES = 2 | 3, default 2) and turns between the consumers (TSCALE_ATTENTION_SM90_PINGPONG
 // = 0 | 1, default 0). Defaults as measured on an H100 (docs/BENCHMARKS.md): 128-key tiles 18-28% faster than
-// 64-key ones on the causal mask, a third buffer no faster, turns 10-14% slower, measured while ptxas serialised
-// every wgmma of the turns' forms (C7514, from the barrier arrival between issue and wait; the turn now ends after
-// the wait, not timed since). TSCALE_ATTENTION_SM90_PERSISTENT = 0 | 1 (the
+// 64-key ones on the causal mask, a third buffer no faster, turns no faster (within 0.6% of the call, once the turn
+// ended after the wait for S and ptxas no longer serialised their wgmma products; each consumer already overlaps
+// its softmax with its own P V product). TSCALE_ATTENTION_SM90_PERSISTENT = 0 | 1 (the
 // persistent kernel, two buffers without turns only; its block count TSCALE_ATTENTION_SM90_BLOCKS, default the
 // multiprocessors); default 0: with a fixed order of work tiles it made the causal forward 15-19% slower on an H100
 // (docs/BENCHMARKS.md "A persistent Hopper forward"); the order taken from a counter has not been timed yet.
