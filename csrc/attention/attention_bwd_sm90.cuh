@@ -241,12 +241,15 @@ __global__ void __launch_bounds__(128 * WGS, MIN_BLOCKS)
       }
     }
     // dS^T as bf16 into its swizzled tile (key row kr, query columns 8 j..8 j + 7 in chunk j), for dQ.
+    if constexpr (WITH_DQ) {
 #pragma unroll
-    for (int r = 0; r < 2 && WITH_DQ; ++r) {
-      const int kr = warp * 16 + g + 8 * r;
+      for (int r = 0; r < 2; ++r) {
+        const int kr = warp * 16 + g + 8 * r;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4, pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
+        for (int j = 0; j < 8; ++j)
+          st_shared_u32(ds_s + kr * 128 + ((j ^ (kr & 7)) << 4) + t4 * 4,
+                        pack_bf16(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]));
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
