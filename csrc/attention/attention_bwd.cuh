@@ -381,7 +381,7 @@ inline bool bwd_split_dq() {
 // Batch rows per chunk of the backward, from TSCALE_ATTENTION_BWD_CHUNK_KB: 0 or auto (default: the whole batch at
 // once) | N: chunks of batch rows whose fp32 dq_accum takes at most N KiB (at least one row), run one after the
 // other through one dq_accum buffer, so that it can stay in the L2 cache from its zeroing to its read-back (not timed
-// yet: docs/BENCHMARKS.md "The split backward").
+// yet; docs/BENCHMARKS.md "The backward in batch chunks" says what it should move and how to time it).
 inline int bwd_chunk_rows(int B, int H, int T_pad, int D) {
   const char* env = std::getenv("TSCALE_ATTENTION_BWD_CHUNK_KB");
   if (env == nullptr || std::strcmp(env, "0") == 0 || std::strcmp(env, "auto") == 0) return B;
