@@ -88,14 +88,6 @@ def test_emulated_split_backward_matches_reference(emu, case, copy_mode, monkeyp
     assert torch.equal(emu.bwd(do, q, k, v, out, lse, *args)[0], grads[0])
 
 
-def test_emulated_backward_dq_setting_is_checked(emu, monkeypatch):
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "both")
-    q, k, v, do, docs32, kw = _emulated_case(emu, EMU_CASES[0], 1)
-    out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got 'both'"):
-        emu.bwd(do, q, k, v, out, lse, docs32, kw["window"], kw["sink"], kw["scale"])
-
-
 @pytest.mark.parametrize("main", ["sm80", "sm90"])
 @pytest.mark.parametrize("kb", ["1", "400"])  # dq_accum of one batch row, of two (then a last chunk of one)
 @pytest.mark.parametrize("case", [(3, 1, 300, 128, 100, "sparse", True), (3, 2, 132, 128, 0, "none", False)],
@@ -116,11 +108,15 @@ def test_emulated_backward_in_batch_chunks(emu, case, kb, main, monkeypatch):
         assert_close(name, a, b)
 
 
-def test_emulated_backward_chunk_setting_is_checked(emu, monkeypatch):
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD_CHUNK_KB", "16MB")
+@pytest.mark.parametrize("variable, value, message", [
+    ("TSCALE_ATTENTION_BWD_DQ", "both", "TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got 'both'"),
+    ("TSCALE_ATTENTION_BWD_CHUNK_KB", "16MB", "TSCALE_ATTENTION_BWD_CHUNK_KB must be auto or a size in KiB"),
+])
+def test_emulated_backward_settings_are_checked(emu, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
     q, k, v, do, docs32, kw = _emulated_case(emu, EMU_CASES[0], 1)
     out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_BWD_CHUNK_KB must be auto or a size in KiB"):
+    with pytest.raises(RuntimeError, match=message):
         emu.bwd(do, q, k, v, out, lse, docs32, kw["window"], kw["sink"], kw["scale"])
 
 
