@@ -368,6 +368,13 @@ struct BwdCall {
   int64_t dq_blocks = 0;     // 8 warps, one 16-row strip each
 };
 
+// The delta and dq kernels' block counts for the call's p.B batch rows.
+inline void size_row_kernels(BwdCall& c) {
+  const BwdParams& p = c.p;
+  c.delta_blocks = (static_cast<int64_t>(p.B) * p.H * p.T + kWarps - 1) / kWarps;
+  c.dq_blocks = (static_cast<int64_t>(p.B) * p.H * ((p.T + 15) / 16) + 7) / 8;
+}
+
 // How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default, and auto: the main kernel adds dS K into
 // an fp32 dq_accum, between the delta and dq kernels; the faster on every mask measured) | split
 // (attention_bwd_query.cuh's kernel, then the main kernel without its dQ part: dq reproducible bit for bit).
@@ -459,9 +466,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
     p.doc_min = c.stats.dmin.data_ptr<int32_t>();
     p.doc_max = c.stats.dmax.data_ptr<int32_t>();
   }
-  const int64_t rows = static_cast<int64_t>(B) * H * T;
-  c.delta_blocks = (rows + kWarps - 1) / kWarps;
-  c.dq_blocks = (static_cast<int64_t>(B) * H * ((T + 15) / 16) + 7) / 8;
+  size_row_kernels(c);
   TORCH_CHECK(c.delta_blocks <= INT_MAX && c.dq_blocks <= INT_MAX, op, ": too many rows");
   return c;
 }
@@ -487,8 +492,7 @@ inline BwdCall batch_chunk(const BwdCall& c, int b0, int rows) {
     p.doc_max += static_cast<int64_t>(b0) * p.n_stat;
   }
   p.B = rows;
-  part.delta_blocks = (static_cast<int64_t>(rows) * p.H * p.T + kWarps - 1) / kWarps;
-  part.dq_blocks = (static_cast<int64_t>(rows) * p.H * ((p.T + 15) / 16) + 7) / 8;
+  size_row_kernels(part);
   return part;
 }
 
