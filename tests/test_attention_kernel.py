@@ -58,21 +58,6 @@ def test_kernel_matches_reference(D, window, layout, sink):
 @pytest.mark.cuda
 @needs_kernel
 @needs_sm80
-@pytest.mark.parametrize("window", [0, 128])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("main", ["mma", "auto"])
-@pytest.mark.parametrize("kb", ["1", "600"])  # chunks of one batch row; of two, then one
-def test_backward_in_batch_chunks_matches_reference(kb, main, D, window, monkeypatch):
-    """TSCALE_ATTENTION_BWD_CHUNK_KB: the backward's kernels on chunks of batch rows through one dq_accum (T 332:
-    one batch row's dq_accum is 3 x 384 x D x 4 bytes, 288 KiB at D 64 and 576 at D 128)."""
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD_CHUNK_KB", kb if D == 64 else str(2 * int(kb)))
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", main)
-    _check_kernel(*make_case(3, 3, 332, D, "sparse", seed=window + 4, device="cuda"), window=window, sink=True)
-
-
-@pytest.mark.cuda
-@needs_kernel
-@needs_sm80
 @pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("layout", ["none", "sparse", "each"])
 @pytest.mark.parametrize("window", [0, 1, 128, 300])

@@ -23,9 +23,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_entry(
   BwdCall c = prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale);
   if (c.dq.numel() == 0) return {c.dq, c.dk, c.dv};
   if (sm90_backward_serves(c.p, q))
-    launch_bwd_chunks(c, launch_bwd_sm90);
+    launch_bwd_sm90(c);
   else
-    launch_bwd_chunks(c, launch_bwd_mma);
+    launch_bwd_mma(c);
   return {c.dq, c.dk, c.dv};
 }
 

@@ -360,20 +360,12 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(const BwdParams p
 struct BwdCall {
   BwdParams p{};
   bool split = false;  // bwd_split_dq: no delta and dq kernels, no dq_accum
-  int chunk_rows = 0;  // batch rows a launch covers (bwd_chunk_rows); dq_accum holds that many
   at::Tensor dq, dk, dv, q, k, v, out, dout, lse, delta, dq_accum, docs;
   DocStats stats;
   int n_tiles = 0;           // 64-key tiles: the main kernel's blocks per (b, h)
   int64_t delta_blocks = 0;  // 4 warps, one row each
   int64_t dq_blocks = 0;     // 8 warps, one 16-row strip each
 };
-
-// The delta and dq kernels' block counts for the call's p.B batch rows.
-inline void size_row_kernels(BwdCall& c) {
-  const BwdParams& p = c.p;
-  c.delta_blocks = (static_cast<int64_t>(p.B) * p.H * p.T + kWarps - 1) / kWarps;
-  c.dq_blocks = (static_cast<int64_t>(p.B) * p.H * ((p.T + 15) / 16) + 7) / 8;
-}
 
 // How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default, and auto: the main kernel adds dS K into
 // an fp32 dq_accum, between the delta and dq kernels; the faster on every mask measured) | split
@@ -383,21 +375,6 @@ inline bool bwd_split_dq() {
   if (env == nullptr || std::strcmp(env, "atomic") == 0 || std::strcmp(env, "auto") == 0) return false;
   TORCH_CHECK(std::strcmp(env, "split") == 0, "TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got '", env, "'");
   return true;
-}
-
-// Batch rows per chunk of the backward, from TSCALE_ATTENTION_BWD_CHUNK_KB: 0 or auto (default: the whole batch at
-// once) | N: chunks of batch rows whose fp32 dq_accum takes at most N KiB (at least one row), run one after the
-// other through one dq_accum buffer, so that it can stay in the L2 cache from its zeroing to its read-back (not timed
-// yet; docs/BENCHMARKS.md "The backward in batch chunks" says what it should move and how to time it).
-inline int bwd_chunk_rows(int B, int H, int T_pad, int D) {
-  const char* env = std::getenv("TSCALE_ATTENTION_BWD_CHUNK_KB");
-  if (env == nullptr || std::strcmp(env, "0") == 0 || std::strcmp(env, "auto") == 0) return B;
-  char* end = nullptr;
-  const long long kb = std::strtoll(env, &end, 10);
-  TORCH_CHECK(end != env && *end == '\0' && kb > 0 && kb <= (1LL << 40),
-              "TSCALE_ATTENTION_BWD_CHUNK_KB must be auto or a size in KiB (a positive integer), got '", env, "'");
-  const int64_t row_bytes = static_cast<int64_t>(H) * T_pad * D * 4;
-  return static_cast<int>(std::clamp<int64_t>((kb << 10) / row_bytes, 1, B));
 }
 
 // Checks the op's arguments and allocates its outputs: dq, dk, dv bf16 (B, H, T, D) in (B, T, H, D) storage
@@ -432,9 +409,8 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   c.n_tiles = (T + kTile - 1) / kTile;
   c.delta = at::empty({B, H, T}, c.lse.options());
   c.split = bwd_split_dq();
-  c.chunk_rows = c.split ? B : bwd_chunk_rows(B, H, c.n_tiles * kTile, D);
   if (!c.split)  // zeroed by the delta kernel
-    c.dq_accum = at::empty({c.chunk_rows, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());
+    c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());
 
   BwdParams& p = c.p;
   p.q = reinterpret_cast<const uint16_t*>(c.q.data_ptr());
@@ -466,44 +442,11 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
     p.doc_min = c.stats.dmin.data_ptr<int32_t>();
     p.doc_max = c.stats.dmax.data_ptr<int32_t>();
   }
-  size_row_kernels(c);
+  const int64_t rows = static_cast<int64_t>(B) * H * T;
+  c.delta_blocks = (rows + kWarps - 1) / kWarps;
+  c.dq_blocks = (static_cast<int64_t>(B) * H * ((T + 15) / 16) + 7) / 8;
   TORCH_CHECK(c.delta_blocks <= INT_MAX && c.dq_blocks <= INT_MAX, op, ": too many rows");
   return c;
-}
-
-// The call restricted to batch rows [b0, b0 + rows): every pointer moved to row b0, the same dq_accum (chunk_rows
-// rows, zeroed again by the chunk's delta kernel).
-inline BwdCall batch_chunk(const BwdCall& c, int b0, int rows) {
-  BwdCall part = c;
-  BwdParams& p = part.p;
-  p.q += b0 * p.sq.b;
-  p.k += b0 * p.sk.b;
-  p.v += b0 * p.sv.b;
-  p.o += b0 * p.so.b;
-  p.dout += b0 * p.sdo.b;
-  p.lse += static_cast<int64_t>(b0) * p.H * p.T;
-  p.delta += static_cast<int64_t>(b0) * p.H * p.T;
-  p.dq += b0 * p.sg.b;
-  p.dk += b0 * p.sg.b;
-  p.dv += b0 * p.sg.b;
-  if (p.doc != nullptr) {
-    p.doc += static_cast<int64_t>(b0) * p.T;
-    p.doc_min += static_cast<int64_t>(b0) * p.n_stat;
-    p.doc_max += static_cast<int64_t>(b0) * p.n_stat;
-  }
-  p.B = rows;
-  size_row_kernels(part);
-  return part;
-}
-
-// `launch` on the whole call, or on each chunk of chunk_rows batch rows in turn.
-template <typename Launch>
-inline void launch_bwd_chunks(const BwdCall& c, Launch launch) {
-  if (c.chunk_rows >= c.p.B) {
-    launch(c);
-    return;
-  }
-  for (int b0 = 0; b0 < c.p.B; b0 += c.chunk_rows) launch(batch_chunk(c, b0, std::min(c.chunk_rows, c.p.B - b0)));
 }
 
 // The delta kernel (before a main kernel) and the dq kernel (after it).
@@ -550,7 +493,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_host(
     const at::Tensor& lse, const std::optional<at::Tensor>& doc_ids, int64_t window, bool /*sink*/, double scale) {
   const DeviceScope scope(q);
   BwdCall c = prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale);
-  if (c.dq.numel() != 0) launch_bwd_chunks(c, launch_bwd_mma);
+  if (c.dq.numel() != 0) launch_bwd_mma(c);
   return {c.dq, c.dk, c.dv};
 }
 

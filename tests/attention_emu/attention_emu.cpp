@@ -55,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_sm90(const at::Tensor& dout, 
                                                         int64_t window, double scale) {
   const HopperSharedLimit limit;
   tscale::attn::BwdCall c = tscale::attn::prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale);
-  if (c.dq.numel() != 0) tscale::attn::launch_bwd_chunks(c, tscale::attn::launch_bwd_sm90);
+  if (c.dq.numel() != 0) tscale::attn::launch_bwd_sm90(c);
   return {c.dq, c.dk, c.dv};
 }
 
