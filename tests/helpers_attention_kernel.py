@@ -38,24 +38,34 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
 # The Hopper backward's forms, "WGS-TMA-EARLY_DV[-DQ_FIRST[-DQ_V4]]": warpgroups a block, Q and dO by cp.async (TMA
 # 0), by TMA (1) or by TMA with the rows' lse, Delta and document ids (2), dV issued as soon as P^T is formed or with
 # dK, dK issued before dQ's first half or queued behind it (DQ_FIRST; auto when left out: 1 with dV early, else 0),
-# and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0).
+# and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0). A prefix "s-" makes it the split
+# backward with the Hopper dQ kernel, "s0-" with the sm_80 one (SPLIT_PREFIXES).
 HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0",
-                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "s-1-1", "s-1-2"]
+                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "s-1-1", "s-1-2", "s0-1-2"]
 BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
+SPLIT_PREFIXES = {"s-": "1", "s0-": "0"}  # the split backward's TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA
+
+
+def _split_form(form: str) -> tuple[str | None, list[str]]:
+    """(TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA, or None for the atomics), the main kernel's settings."""
+    for prefix, wgmma in SPLIT_PREFIXES.items():
+        if form.startswith(prefix):
+            return wgmma, form.removeprefix(prefix).split("-")
+    return None, form.split("-")
 
 
 def backward_form_tma(form: str) -> str:
     """The TMA setting of a HOPPER_BACKWARD_FORMS entry."""
-    return form.removeprefix("s-").split("-")[1]
+    return _split_form(form)[1][1]
 
 
 def set_backward_form(form: str, monkeypatch) -> None:
     """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings; a form
-    that starts with "s-" is the split backward (TSCALE_ATTENTION_BWD_DQ=split: the query-major dQ kernel, then the
+    with a split prefix is the split backward (TSCALE_ATTENTION_BWD_DQ=split: a query-major dQ kernel, then the
     main kernel without dQ), the others add dQ with atomics."""
-    split = form.startswith("s-")
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "split" if split else "atomic")
-    values = form.removeprefix("s-").split("-")
+    query_wgmma, values = _split_form(form)
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "atomic" if query_wgmma is None else "split")
+    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA", query_wgmma or "auto")
     for name, value in zip(BACKWARD_SETTINGS, values + ["auto"] * (len(BACKWARD_SETTINGS) - len(values))):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 

@@ -36,6 +36,38 @@ struct BwdQueryLayout {
   static constexpr size_t kBytes = kSlot + 16;
 };
 
+// Delta = rowsum(dO * O) of the 16 rows [row0, row0 + 16) of one (b, h) (og, dog: its (T, D) rows), by one warp:
+// into delta_s[0..16) and, for rows inside T, delta_g[row] (0 past T). Lane L takes half L & 1 of row L >> 1, every
+// load issued before the first is used.
+template <int D>
+__device__ __forceinline__ void warp_delta_rows(const BwdParams& p, const uint16_t* og, const uint16_t* dog, int row0,
+                                                float* delta_s, float* delta_g, int lane) {
+  constexpr int kWords = D / 4;  // 32-bit words (bf16 pairs) in half a row
+  const int r = lane >> 1, row = row0 + r;
+  uint32_t o[kWords / 4][4], d[kWords / 4][4];
+  float acc = 0.f;
+  if (row < p.T) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      load_u32x4(o[i], og + row * p.so.t + (lane & 1) * (D / 2) + i * 8);
+      load_u32x4(d[i], dog + row * p.sdo.t + (lane & 1) * (D / 2) + i * 8);
+    }
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        acc += bf16_to_float(static_cast<uint16_t>(o[i][w])) * bf16_to_float(static_cast<uint16_t>(d[i][w]));
+        acc += bf16_to_float(static_cast<uint16_t>(o[i][w] >> 16)) * bf16_to_float(static_cast<uint16_t>(d[i][w] >> 16));
+      }
+    }
+  }
+  acc += warp_xor(acc, 1);
+  if ((lane & 1) == 0) {
+    delta_s[r] = acc;
+    if (row < p.T) delta_g[row] = acc;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) attention_bwd_query_kernel(const BwdParams p) {
   using L = BwdQueryLayout<D>;
@@ -86,35 +118,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_query_kernel(const Bwd
   load_tile<kTile, D>(v_s, vg, p.sv.t, first * kTile, T, tid);
   cp_async_commit();
 
-  // Delta of the warp's 16 rows while the tiles load: lane L takes half L & 1 of row L >> 1 (0 past T), every load
-  // issued before the first is used.
-  float* delta_g = p.delta + bh * T;
-  {
-    constexpr int kWords = D / 4;  // 32-bit words (bf16 pairs) in half a row
-    const int r = lane >> 1, row = q0 + wrow + r;
-    uint32_t o[kWords / 4][4], d[kWords / 4][4];
-    float acc = 0.f;
-    if (row < T) {
-#pragma unroll
-      for (int i = 0; i < kWords / 4; ++i) {
-        load_u32x4(o[i], og + row * p.so.t + (lane & 1) * (D / 2) + i * 8);
-        load_u32x4(d[i], dog + row * p.sdo.t + (lane & 1) * (D / 2) + i * 8);
-      }
-#pragma unroll
-      for (int i = 0; i < kWords / 4; ++i) {
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          acc += bf16_to_float(static_cast<uint16_t>(o[i][w])) * bf16_to_float(static_cast<uint16_t>(d[i][w]));
-          acc += bf16_to_float(static_cast<uint16_t>(o[i][w] >> 16)) * bf16_to_float(static_cast<uint16_t>(d[i][w] >> 16));
-        }
-      }
-    }
-    acc += warp_xor(acc, 1);
-    if ((lane & 1) == 0) {
-      delta_s[wrow + r] = acc;
-      if (row < T) delta_g[row] = acc;
-    }
-  }
+  // Delta of the warp's 16 rows while the tiles load.
+  warp_delta_rows<D>(p, og, dog, q0 + wrow, delta_s + wrow, p.delta + bh * T, lane);
   warp_sync();  // the warp's Delta values are in delta_s (only this warp reads them)
   float lse_r[2], delta_r[2];  // rows g and g + 8 of the warp: lse in log2 units (+inf past T: P = 0), Delta
   int rdoc[2];

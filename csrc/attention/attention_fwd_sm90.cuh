@@ -17,8 +17,7 @@
 
 #include <cstdlib>
 
-#include "attention_host.h"
-#include "wgmma_sm90.cuh"
+#include "attention_sm90_tiles.cuh"
 
 namespace tscale::attn {
 namespace {
@@ -39,15 +38,6 @@ struct Sm90FwdLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes
 };
 
-// O (64 x 128) += P V for one tile: P as BN / 16 bf16 A operands, V the swizzled tile at v_s. Issued, not waited.
-template <int BN>
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[BN / 16][4], uint32_t v_s) {
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < BN / 16; ++ks) wgmma_rs_n128_tb(o, pa[ks], sw128_desc(v_s + ks * 2048, BN * 128, 1024));
-  wgmma_commit();
-}
-
 // This thread's start for its rows row0 and row0 + 8: their document ids (-1 past T or without documents), O = 0, the
 // running max at the sink's logit 0 (or -inf without it) and empty sums.
 __device__ __forceinline__ void start_rows(const FwdParams& p, const int32_t* doc, int row0, int (&rdoc)[2],
@@ -60,52 +50,6 @@ __device__ __forceinline__ void start_rows(const FwdParams& p, const int32_t* do
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-}
-
-// S (64 x BN) = Q K^T for one warpgroup, issued and committed, not waited: q_rows is its 64 rows in the first half of
-// the swizzled Q tile (the second half_q bytes further), k_tile a swizzled BN-key tile.
-template <int BN>
-__device__ __forceinline__ void issue_s(float (&s)[BN / 2], uint32_t q_rows, uint32_t half_q, uint32_t k_tile) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    const uint32_t half = kk >> 2, within = (kk & 3) * 32;
-    wgmma_ss<BN>(s, sw128_desc(q_rows + half * half_q + within, 16, 1024),
-                 sw128_desc(k_tile + half * BN * 128 + within, 16, 1024), kk > 0);
-  }
-  wgmma_commit();
-}
-
-// What hides keys of one tile from this thread's two rows: nothing (full), else the window and causal bound
-// (diff0: row0 - the tile's first key - 2 t4; span: the window, or 2^31), T (keys_left: keys at or after this
-// thread's first column) and, when doc_mask, the key documents at kdocs (this thread's columns) against rdoc.
-struct TileMask {
-  bool full, doc_mask;
-  const int32_t* kdocs;
-  int diff0, keys_left;
-  unsigned span;
-};
-
-// The TileMask of key tile t (BN keys) for this thread's rows row0 and row0 + 8 of the BM-query tile at q0, the
-// tile's key document ids at tile_docs.
-template <int BM, int BN>
-__device__ __forceinline__ TileMask tile_mask(const ForwardKeyTiles& tiles, int t, int q0, int row0, int t4, int T,
-                                              int window, const int32_t* tile_docs) {
-  const int k0 = t * BN;
-  const DocRange kd = tiles.key_range(t);
-  const unsigned span = window > 0 ? window : 1u << 31;  // row - key < span: in the window (any key, without one)
-  return TileMask{all_visible(q0, q0 + BM - 1, k0, k0 + BN - 1, window, tiles.docs, tiles.qd, kd),
-                  !single_document(tiles.docs, tiles.qd, kd), tile_docs + t4 * 2, row0 - k0 - t4 * 2,
-                  T - k0 - t4 * 2, span};
-}
-
-// The document ids of keys [k0, k0 + bn) into `dst` (INT_MIN past T), by threads tid, tid + nthreads, ...
-__device__ __forceinline__ void stage_key_docs(int32_t* dst, const int32_t* doc, int k0, int bn, int T, int tid,
-                                               int nthreads) {
-  for (int c = tid; c < bn; c += nthreads) {
-    const int j = k0 + c;
-    dst[c] = j < T ? doc[j] : INT_MIN;
-  }
 }
 
 // One key tile of the online softmax for this thread's rows row0 and row0 + 8: S (s[4 j + e]: row row0 + 8 (e >> 1),
@@ -173,15 +117,14 @@ __device__ __forceinline__ void rescale_and_pack(float (&o)[64], uint32_t (&pa)[
 }
 
 // Epilogue of one warp: O / denominator and the logsumexp for its 16 rows (rows 16 warp.. of the block's BM-query
-// tile at q0) inside T. The warp stages them in the same rows of the swizzled Q tile at q_s, which no product reads
-// any more, then writes whole rows.
+// tile at q0) inside T, O staged in the swizzled Q tile at q_s, which no product reads any more.
 template <int BM>
 __device__ __forceinline__ void store_output_rows(const FwdParams& p, const float (&o)[64], const float (&m)[2],
                                                   const float (&l)[2], uint32_t q_s, int warp, int lane, int q0, int b,
                                                   int h) {
   const int g = lane >> 2, t4 = lane & 3, T = p.T;
-  uint16_t* og = p.o + b * p.so.b + h * p.so.h;  // (T, D) rows of this (b, h), p.so.t apart
   float* lse = p.lse + (static_cast<int64_t>(b) * p.H + h) * T;
+  float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = l[r];
@@ -189,19 +132,11 @@ __device__ __forceinline__ void store_output_rows(const FwdParams& p, const floa
     sum += warp_xor(sum, 2);
     const float top = m[r] == -INFINITY ? 0.f : m[r];
     if (p.sink) sum += exp2f(-top);  // the null slot: logit 0, value 0
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int tr = 16 * warp + g + 8 * r;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      st_shared_u32(q_s + sw128_offset(tr, j, BM) + t4 * 4, pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
-    const int rw = q0 + tr;
+    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+    const int rw = q0 + 16 * warp + g + 8 * r;
     if (t4 == 0 && rw < T) lse[rw] = sum > 0.f ? (top + log2f(sum)) * kLn2 : INFINITY;
   }
-  warp_sync();
-  for (int i = lane; i < 16 * 16; i += 32) {
-    const int r = 16 * warp + (i >> 4), c = i & 15, row = q0 + r;
-    if (row < T) copy_shared_to_global_16(og + static_cast<int64_t>(row) * p.so.t + c * 8, q_s + sw128_offset(r, c, BM));
-  }
+  store_acc_rows<BM>(p.o + b * p.so.b + h * p.so.h, p.so.t, o, inv, q_s, warp, lane, q0, T);
 }
 
 // MIN_BLOCKS: blocks per multiprocessor the registers must leave room for (__launch_bounds__).
