@@ -38,19 +38,22 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
 # The Hopper backward's forms, "WGS-TMA-EARLY_DV[-DQ_FIRST[-DQ_V4]]": warpgroups a block, Q and dO by cp.async (TMA
 # 0), by TMA (1) or by TMA with the rows' lse, Delta and document ids (2), dV issued as soon as P^T is formed or with
 # dK, dK issued before dQ's first half or queued behind it (DQ_FIRST; auto when left out: 1 with dV early, else 0),
-# and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0). A prefix "s-" makes it the split
-# backward with the Hopper dQ kernel, "s0-" with the sm_80 one (SPLIT_PREFIXES).
+# and dQ's atomics four floats a lane at once (DQ_V4; auto when left out: 0). A prefix in SPLIT_PREFIXES makes it the
+# split backward, with the dQ kernel that prefix sets.
 HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "1-0-1", "1-2-1", "2-2-1", "1-2-0",
-                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "s-1-1", "s-1-2", "s0-1-2"]
+                         "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "s-1-1", "s-1-2", "s0-1-2",
+                         "s1-1-2"]
 BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
-SPLIT_PREFIXES = {"s-": "1", "s0-": "0"}  # the split backward's TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA
+# The split backward's dQ kernel: TSCALE_ATTENTION_SM90_BWD_QUERY_{WGMMA, OVERLAP}. "s-": the Hopper one with each
+# step's dQ product waited for in the next step (the defaults), "s1-": waited for at once, "s0-": the sm_80 one.
+SPLIT_PREFIXES = {"s-": ("1", "1"), "s1-": ("1", "0"), "s0-": ("0", "auto")}
 
 
-def _split_form(form: str) -> tuple[str | None, list[str]]:
-    """(TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA, or None for the atomics), the main kernel's settings."""
-    for prefix, wgmma in SPLIT_PREFIXES.items():
+def _split_form(form: str) -> tuple[tuple[str, str] | None, list[str]]:
+    """(the dQ kernel's settings, or None for the atomics), the main kernel's settings."""
+    for prefix, query in SPLIT_PREFIXES.items():
         if form.startswith(prefix):
-            return wgmma, form.removeprefix(prefix).split("-")
+            return query, form.removeprefix(prefix).split("-")
     return None, form.split("-")
 
 
@@ -63,9 +66,10 @@ def set_backward_form(form: str, monkeypatch) -> None:
     """The Hopper backward main kernel's form (HOPPER_BACKWARD_FORMS), through its environment settings; a form
     with a split prefix is the split backward (TSCALE_ATTENTION_BWD_DQ=split: a query-major dQ kernel, then the
     main kernel without dQ), the others add dQ with atomics."""
-    query_wgmma, values = _split_form(form)
-    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "atomic" if query_wgmma is None else "split")
-    monkeypatch.setenv("TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA", query_wgmma or "auto")
+    query, values = _split_form(form)
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "atomic" if query is None else "split")
+    for name, value in zip(("WGMMA", "OVERLAP"), query or ("auto", "auto")):
+        monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_QUERY_{name}", value)
     for name, value in zip(BACKWARD_SETTINGS, values + ["auto"] * (len(BACKWARD_SETTINGS) - len(values))):
         monkeypatch.setenv(f"TSCALE_ATTENTION_SM90_BWD_{name}", value)
 

@@ -30,6 +30,9 @@ struct Sm90BwdQueryLayout {
   static constexpr size_t kBytes = kSlot + 16 + 1024;  // + room to align the base to 1024 bytes: two blocks an SM
 };
 
+// OVERLAP_DQ: a step's dQ product is waited for in the next step, after its S and dP products are issued (the next
+// key tile's fetch then waits for it too); else at once.
+template <bool OVERLAP_DQ>
 __global__ void __launch_bounds__(128, 2) attention_bwd_query_sm90_kernel(const BwdParams p) {
 #ifdef TSCALE_SM90A_DEVICE
   using L = Sm90BwdQueryLayout;
@@ -98,13 +101,23 @@ __global__ void __launch_bounds__(128, 2) attention_bwd_query_sm90_kernel(const 
     const int nt = tiles.next(t);
     cp_async_wait<0>();  // K(t) and V(t) (and Q, dO) landed
     fence_proxy_async();
-    __syncthreads();  // ... for every thread's copies; the previous step's products, all waited, read buffer buf ^ 1
-    if (nt >= 0) fetch_keys(nt, buf ^ 1);
-    cp_async_commit();
+    __syncthreads();  // ... for every thread's copies
+    auto fetch_next = [&] {  // into buffer buf ^ 1, once no product reads it any more
+      if (nt >= 0) fetch_keys(nt, buf ^ 1);
+      cp_async_commit();
+    };
+    if (!OVERLAP_DQ || step == 0) fetch_next();  // every product of the previous step was waited for
 
     float s[BN / 2], dp[BN / 2];  // S = Q K^T and dP = dO V^T: 64 rows x 64 keys; s[4 j + e]: row row0 + 8 (e >> 1),
     issue_s<BN>(s, q_s, L::kHalf, k_buf(buf));   // key 8 j + 2 t4 + (e & 1) of the tile
     issue_s<BN>(dp, do_s, L::kHalf, v_buf(buf));
+    if (OVERLAP_DQ && step > 0) {
+      wgmma_wait<1>();  // the previous step's dQ product, issued before these two: its K buffer and dS are free
+      fence_registers(dq);
+      fence_registers(da);
+      __syncthreads();  // ... in every warp
+      fetch_next();
+    }
     wgmma_wait<0>();
     fence_registers(s);
     fence_registers(dp);
@@ -129,10 +142,16 @@ __global__ void __launch_bounds__(128, 2) attention_bwd_query_sm90_kernel(const 
     for (int ks = 0; ks < BN / 16; ++ks)
       acc_to_a(da[ks], *reinterpret_cast<const float(*)[4]>(&dp[8 * ks]), *reinterpret_cast<const float(*)[4]>(&dp[8 * ks + 4]));
     issue_pv<BN>(dq, da, k_buf(buf));  // dQ += dS K: K read as the forward reads V
-    wgmma_wait<0>();
-    fence_registers(dq);
-    fence_registers(da);
+    if constexpr (!OVERLAP_DQ) {
+      wgmma_wait<0>();
+      fence_registers(dq);
+      fence_registers(da);
+    }
     t = nt;
+  }
+  if constexpr (OVERLAP_DQ) {
+    wgmma_wait<0>();  // the last dQ product
+    fence_registers(dq);
   }
   cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
 
@@ -141,9 +160,13 @@ __global__ void __launch_bounds__(128, 2) attention_bwd_query_sm90_kernel(const 
 #endif
 }
 
+// TSCALE_ATTENTION_SM90_BWD_QUERY_OVERLAP = 1 (OVERLAP_DQ) | 0; default 1.
 inline void launch_bwd_query_sm90(const BwdParams& p) {
   const dim3 grid = tile_grid((p.T + 63) / 64, p.H, p.B);
-  launch_kernel(attention_bwd_query_sm90_kernel, grid, dim3(128), Sm90BwdQueryLayout::kBytes, p);
+  if (sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_QUERY_OVERLAP", {0, 1}, 1) == 1)
+    launch_kernel(attention_bwd_query_sm90_kernel<true>, grid, dim3(128), Sm90BwdQueryLayout::kBytes, p);
+  else
+    launch_kernel(attention_bwd_query_sm90_kernel<false>, grid, dim3(128), Sm90BwdQueryLayout::kBytes, p);
 }
 
 }  // namespace
