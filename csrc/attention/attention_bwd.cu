@@ -12,22 +12,17 @@ namespace {
 
 // Which main kernel serves a call: TSCALE_ATTENTION_BWD_KERNEL = auto (default: the Hopper one wherever it can run,
 // measured faster than the sm_80 one on every mask; docs/BENCHMARKS.md "The Hopper backward") | sm90 | mma.
-bool sm90_backward_serves(const at::Tensor& q) {
-  return hopper_kernel_chosen("TSCALE_ATTENTION_BWD_KERNEL", "backward", q, static_cast<int>(q.size(3)),
-                              /*auto_prefers=*/true);
+bool sm90_backward_serves(const BwdParams& p, const at::Tensor& q) {
+  return hopper_kernel_chosen("TSCALE_ATTENTION_BWD_KERNEL", "backward", q, p.D, /*auto_prefers=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_entry(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& doc_ids, int64_t window, bool /*sink*/, double scale) {
   const DeviceScope scope(q);
-  const bool sm90 = q.dim() == 4 && sm90_backward_serves(q);
-  // With the Hopper kernels, windowed calls take the split backward by default (TSCALE_ATTENTION_BWD_DQ=auto):
-  // faster there than the atomics (docs/BENCHMARKS.md "The split backward with a Hopper dQ kernel").
-  const bool windowed = q.dim() == 4 && window > 0 && window < q.size(2);
-  BwdCall c = prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale, /*auto_split=*/sm90 && windowed);
+  BwdCall c = prepare_bwd(dout, q, k, v, out, lse, doc_ids, window, scale);
   if (c.dq.numel() == 0) return {c.dq, c.dk, c.dv};
-  if (sm90)
+  if (sm90_backward_serves(c.p, q))
     launch_bwd_sm90(c);
   else
     launch_bwd_mma(c);

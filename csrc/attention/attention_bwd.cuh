@@ -367,14 +367,12 @@ struct BwdCall {
   int64_t dq_blocks = 0;     // 8 warps, one 16-row strip each
 };
 
-// How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (the main kernel adds dS K into an fp32 dq_accum,
-// between the delta and dq kernels) | split (a query-major kernel computes dQ and Delta, then the main kernel runs
-// without its dQ part: dq reproducible bit for bit) | auto (default): split where `auto_split` (the caller's measured
-// choice for the call), else atomic.
-inline bool bwd_split_dq(bool auto_split) {
+// How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default, and auto: the main kernel adds dS K into
+// an fp32 dq_accum, between the delta and dq kernels; the faster on every mask measured) | split
+// (attention_bwd_query.cuh's kernel, then the main kernel without its dQ part: dq reproducible bit for bit).
+inline bool bwd_split_dq() {
   const char* env = std::getenv("TSCALE_ATTENTION_BWD_DQ");
-  if (env == nullptr || std::strcmp(env, "auto") == 0) return auto_split;
-  if (std::strcmp(env, "atomic") == 0) return false;
+  if (env == nullptr || std::strcmp(env, "atomic") == 0 || std::strcmp(env, "auto") == 0) return false;
   TORCH_CHECK(std::strcmp(env, "split") == 0, "TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got '", env, "'");
   return true;
 }
@@ -383,8 +381,7 @@ inline bool bwd_split_dq(bool auto_split) {
 // (token_major). Nothing is launched yet but the document ranges' kernel.
 inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                            const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
-                           const std::optional<at::Tensor>& doc_ids, int64_t window, double scale,
-                           bool auto_split = false) {
+                           const std::optional<at::Tensor>& doc_ids, int64_t window, double scale) {
   constexpr const char* op = "attention_bwd_cuda";
   check_qkv(q_in, k_in, v_in, op);
   TORCH_CHECK(dout_in.sizes() == q_in.sizes() && out_in.sizes() == q_in.sizes(), op,
@@ -411,7 +408,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   c.lse = lse_in.contiguous();
   c.n_tiles = (T + kTile - 1) / kTile;
   c.delta = at::empty({B, H, T}, c.lse.options());
-  c.split = bwd_split_dq(auto_split);
+  c.split = bwd_split_dq();
   if (!c.split)  // zeroed by the delta kernel
     c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());
 
