@@ -45,7 +45,8 @@ HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "
                          "s1-1-2"]
 BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
 # The split backward's dQ kernel: TSCALE_ATTENTION_SM90_BWD_QUERY_{WGMMA, OVERLAP}. "s-": the Hopper one with each
-# step's dQ product waited for in the next step (the defaults), "s1-": waited for at once, "s0-": the sm_80 one.
+# step's dQ product waited for in the next step (OVERLAP's default), "s1-": waited for at once, "s0-": the sm_80 one
+# (WGMMA's default).
 SPLIT_PREFIXES = {"s-": ("1", "1"), "s1-": ("1", "0"), "s0-": ("0", "auto")}
 
 
