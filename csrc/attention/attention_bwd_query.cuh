@@ -36,6 +36,16 @@ struct BwdQueryLayout {
   static constexpr size_t kBytes = kSlot + 16;
 };
 
+// One (b, h)'s (T, D) rows of the backward's inputs q, k, v, o and dO.
+struct BwdHeadRows {
+  const uint16_t *q, *k, *v, *o, *dout;
+};
+
+__device__ __forceinline__ BwdHeadRows bwd_head_rows(const BwdParams& p, int b, int h) {
+  return {p.q + b * p.sq.b + h * p.sq.h, p.k + b * p.sk.b + h * p.sk.h, p.v + b * p.sv.b + h * p.sv.h,
+          p.o + b * p.so.b + h * p.so.h, p.dout + b * p.sdo.b + h * p.sdo.h};
+}
+
 // Delta = rowsum(dO * O) of the 16 rows [row0, row0 + 16) of one (b, h) (og, dog: its (T, D) rows), by one warp:
 // into delta_s[0..16) and, for rows inside T, delta_g[row] (0 past T). Lane L takes half L & 1 of row L >> 1, every
 // load issued before the first is used.
@@ -89,11 +99,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_query_kernel(const Bwd
   const int h = bt.h, b = bt.b;
   const int q0 = qt * BM, wrow = warp * 16;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
-  const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
-  const uint16_t* og = p.o + b * p.so.b + h * p.so.h;
-  const uint16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const BwdHeadRows rows = bwd_head_rows(p, b, h);
+  const uint16_t *qg = rows.q, *kg = rows.k, *vg = rows.v, *og = rows.o, *dog = rows.dout;
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;

@@ -55,11 +55,8 @@ __global__ void __launch_bounds__(128, 2) attention_bwd_query_sm90_kernel(const 
   const int h = bt.h, b = bt.b;
   const int q0 = qt * BM, wrow = 16 * warp;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-  const uint16_t* qg = p.q + b * p.sq.b + h * p.sq.h;  // (T, D) rows of this (b, h)
-  const uint16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const uint16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
-  const uint16_t* og = p.o + b * p.so.b + h * p.so.h;
-  const uint16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const BwdHeadRows rows = bwd_head_rows(p, b, h);
+  const uint16_t *qg = rows.q, *kg = rows.k, *vg = rows.v, *og = rows.o, *dog = rows.dout;
 
   const bool docs = p.doc != nullptr;
   const int32_t* doc = docs ? p.doc + static_cast<int64_t>(b) * T : nullptr;
