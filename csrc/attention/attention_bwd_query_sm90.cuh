@@ -128,12 +128,7 @@ __global__ void __launch_bounds__(128, 2) attention_bwd_query_sm90_kernel(const 
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         float pv = exp2f(fmaf(s[4 * j + e], p.scale_log2, -lse_r[r]));
-        if (!mask.full) {
-          const int c = j * 8 + (e & 1);
-          bool seen = static_cast<unsigned>(mask.diff0 + r * 8 - c) < mask.span && c < mask.keys_left;
-          if (mask.doc_mask) seen = seen && rdoc[r] == mask.kdocs[c];
-          if (!seen) pv = 0.f;
-        }
+        if (!mask.full && !mask.sees(r, j * 8 + (e & 1), rdoc)) pv = 0.f;
         dp[4 * j + e] = pv * (dp[4 * j + e] - delta_r[r]);
       }
     }

@@ -66,9 +66,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + (e & 1), r = e >> 1;
-        bool seen = static_cast<unsigned>(mask.diff0 + r * 8 - c) < mask.span && c < mask.keys_left;
-        if (mask.doc_mask) seen = seen && rdoc[r] == mask.kdocs[c];
-        if (!seen) s[4 * j + e] = -INFINITY;
+        if (!mask.sees(r, c, rdoc)) s[4 * j + e] = -INFINITY;
       }
     }
   }

@@ -40,6 +40,12 @@ struct TileMask {
   const int32_t* kdocs;
   int diff0, keys_left;
   unsigned span;
+
+  // Whether this thread's row row0 + 8 r (document rdoc[r]) sees the tile's key in column 2 t4 + c.
+  __device__ __forceinline__ bool sees(int r, int c, const int (&rdoc)[2]) const {
+    const bool seen = static_cast<unsigned>(diff0 + r * 8 - c) < span && c < keys_left;
+    return doc_mask ? seen && rdoc[r] == kdocs[c] : seen;
+  }
 };
 
 // The TileMask of key tile t (BN keys) for this thread's rows row0 and row0 + 8 of the BM-query tile at q0, the
