@@ -327,11 +327,15 @@ def test_emulated_hopper_backward_dq_first_needs_early_dv(emu, monkeypatch):
 
 
 @pytest.mark.parametrize("scale", [-0.125, 0.0, float("inf")])
-def test_emulated_forward_refuses_a_scale_that_is_not_positive(emu, scale):
-    """The Hopper forwards scale the raw scores' running max, which needs a positive scale: others are refused by name."""
-    q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
-    with pytest.raises(RuntimeError, match="scale must be finite and positive"):
+def test_emulated_kernels_refuse_a_scale_that_is_not_positive(emu, scale):
+    """The Hopper forwards scale the raw scores' running max, which needs a positive scale: others are refused by name,
+    by the backward too (its lse can only come from a forward that took the scale)."""
+    q, k, v, do, _ = make_case(1, 1, 64, 128, "none")
+    with pytest.raises(RuntimeError, match="attention_fwd_cuda: scale must be finite and positive"):
         emu.fwd(q, k, v, None, 0, False, scale)
+    out, lse = emu.fwd(q, k, v, None, 0, False, 0.125)
+    with pytest.raises(RuntimeError, match="attention_bwd_cuda: scale must be finite and positive"):
+        emu.bwd(do, q, k, v, out, lse, None, 0, False, scale)
 
 
 def test_emulated_kernel_strided_inputs(emu):

@@ -397,7 +397,8 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   TORCH_CHECK(lse_in.dim() == 3 && lse_in.size(0) == q_in.size(0) && lse_in.size(1) == q_in.size(1) &&
                   lse_in.size(2) == q_in.size(2) && lse_in.scalar_type() == at::kFloat,
               op, ": lse must be float32 (B, H, T), got ", lse_in.scalar_type(), " ", lse_in.sizes());
-  TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite");
+  // (the forward's own condition: an lse comes only from a forward that took this scale)
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": scale must be finite and positive, got ", scale);
   const int B = static_cast<int>(q_in.size(0)), H = static_cast<int>(q_in.size(1));
   const int T = static_cast<int>(q_in.size(2)), D = static_cast<int>(q_in.size(3));
   BwdCall c;
