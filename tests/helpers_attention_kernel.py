@@ -44,10 +44,9 @@ HOPPER_BACKWARD_FORMS = ["1-0-0", "2-0-0", "1-1-0", "2-1-0", "1-1-1", "2-1-1", "
                          "1-2-1-0", "2-2-1-0", "1-1-1-0", "1-2-1-1-1", "2-1-0-0-1", "s-1-1", "s-1-2", "s0-1-2",
                          "s1-1-2"]
 BACKWARD_SETTINGS = ("WGS", "TMA", "EARLY_DV", "DQ_FIRST", "DQ_V4")
-# The split backward's dQ kernel: TSCALE_ATTENTION_SM90_BWD_QUERY_{WGMMA, OVERLAP}. "s-": the Hopper one with each
-# step's dQ product waited for in the next step (OVERLAP's default), "s1-": waited for at once, "s0-": the sm_80 one
-# (WGMMA's default).
-SPLIT_PREFIXES = {"s-": ("1", "1"), "s1-": ("1", "0"), "s0-": ("0", "auto")}
+# The split backward's dQ kernel: TSCALE_ATTENTION_SM90_BWD_QUERY_{WGMMA, OVERLAP}. "s-": the defaults (the Hopper
+# one, each step's dQ product waited for in the next step), "s1-": the Hopper one waiting at once, "s0-": the sm_80 one.
+SPLIT_PREFIXES = {"s-": ("auto", "auto"), "s1-": ("1", "0"), "s0-": ("0", "auto")}
 
 
 def _split_form(form: str) -> tuple[tuple[str, str] | None, list[str]]:

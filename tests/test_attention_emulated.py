@@ -88,35 +88,11 @@ def test_emulated_split_backward_matches_reference(emu, case, copy_mode, monkeyp
     assert torch.equal(emu.bwd(do, q, k, v, out, lse, *args)[0], grads[0])
 
 
-@pytest.mark.parametrize("case", [EMU_CASES[0], EMU_CASES[1]], ids=lambda c: "-".join(map(str, c)))
-def test_emulated_windowed_dq_setting(emu, case, monkeypatch):
-    """TSCALE_ATTENTION_BWD_DQ=windowed: the split backward on a call with a window shorter than T, the atomics on a
-    causal one; dq, dk, dv against the reference. Which kernels ran is told by the emulator's count of thread
-    switches, the same in every run of one call with copies landing at issue and blocks in order."""
-    q, k, v, do, docs32, kw = _emulated_case(emu, case, 1)
-    emu.set_block_order(0)
-    args = (docs32, kw["window"], kw["sink"], kw["scale"])
-    out, lse = emu.fwd(q, k, v, *args)
-
-    def backward(setting):
-        monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", setting)
-        before = emu.switches()
-        grads = emu.bwd(do, q, k, v, out, lse, *args)
-        return grads, emu.switches() - before
-
-    grads, switches = backward("windowed")
-    for name, a, b in zip(("dq", "dk", "dv"), grads, reference_grads(q, k, v, do, **kw)[1:]):
-        assert_close(name, a, b)
-    expected = "split" if 0 < kw["window"] < q.shape[2] else "atomic"
-    other = {"split": "atomic", "atomic": "split"}[expected]
-    assert switches == backward(expected)[1] != backward(other)[1]
-
-
 def test_emulated_backward_dq_setting_is_checked(emu, monkeypatch):
     monkeypatch.setenv("TSCALE_ATTENTION_BWD_DQ", "both")
     q, k, v, do, docs32, kw = _emulated_case(emu, EMU_CASES[0], 1)
     out, lse = emu.fwd(q, k, v, docs32, kw["window"], kw["sink"], kw["scale"])
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_BWD_DQ must be atomic, split, windowed or auto, got 'both'"):
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got 'both'"):
         emu.bwd(do, q, k, v, out, lse, docs32, kw["window"], kw["sink"], kw["scale"])
 
 

@@ -368,15 +368,14 @@ struct BwdCall {
 };
 
 // How the backward forms dQ, from TSCALE_ATTENTION_BWD_DQ: atomic (default, and auto: the main kernel adds dS K into
-// an fp32 dq_accum, between the delta and dq kernels; the faster on every mask measured) | split (a query-major
-// kernel computes dQ and Delta, then the main kernel runs without its dQ part: dq reproducible bit for bit) | windowed
-// (split for calls with a window shorter than the sequence, atomic for the others).
-inline bool bwd_split_dq(bool windowed) {
+// an fp32 dq_accum, between the delta and dq kernels; the faster on every mask measured, windowed ones included) |
+// split (a query-major kernel computes dQ and Delta, then the main kernel runs without its dQ part: dq reproducible
+// bit for bit).
+inline bool bwd_split_dq() {
   const char* env = std::getenv("TSCALE_ATTENTION_BWD_DQ");
   if (env == nullptr || std::strcmp(env, "atomic") == 0 || std::strcmp(env, "auto") == 0) return false;
-  if (std::strcmp(env, "windowed") == 0) return windowed;
-  TORCH_CHECK(std::strcmp(env, "split") == 0, "TSCALE_ATTENTION_BWD_DQ must be atomic, split, windowed or auto, got '",
-              env, "'");
+  TORCH_CHECK(std::strcmp(env, "split") == 0, "TSCALE_ATTENTION_BWD_DQ must be atomic, split or auto, got '", env,
+              "'");
   return true;
 }
 
@@ -412,7 +411,7 @@ inline BwdCall prepare_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, co
   c.lse = lse_in.contiguous();
   c.n_tiles = (T + kTile - 1) / kTile;
   c.delta = at::empty({B, H, T}, c.lse.options());
-  c.split = bwd_split_dq(normalised_window(window, T) > 0);
+  c.split = bwd_split_dq();
   if (!c.split)  // zeroed by the delta kernel
     c.dq_accum = at::empty({B, H, static_cast<int64_t>(c.n_tiles) * kTile, D}, c.lse.options());
 

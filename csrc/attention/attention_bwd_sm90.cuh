@@ -441,14 +441,13 @@ void launch_bwd_sm90_loads(const BwdCall& c, const Sm90BwdForm& f) {
 
 // The three kernels with this main kernel (head dim 128): delta, main, dq. The split backward (c.split): the
 // query-major dQ kernel, then the main kernel without dQ in the default form (one warpgroup, dV early; the rows'
-// values by TMA where they can be). Its dQ kernel, from TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA = 0 (the sm_80 one,
-// attention_bwd_query.cuh; default, measured and tested on GPUs) | 1 (the Hopper one, attention_bwd_query_sm90.cuh:
-// checked on the emulator, not yet run on a GPU; docs/BENCHMARKS.md "The split backward's dQ kernel with wgmma").
+// values by TMA where they can be). Its dQ kernel, from TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA = 1 (the Hopper one,
+// attention_bwd_query_sm90.cuh; default: 6-30% faster on an H100) | 0 (the sm_80 one, attention_bwd_query.cuh).
 inline void launch_bwd_sm90(const BwdCall& c) {
   TORCH_CHECK(c.p.D == 128, "attention_bwd_cuda: the Hopper backward serves head dim 128, got ", c.p.D);
   const Sm90BwdForm f = sm90_backward_form(c.p);
   if (c.split) {
-    if (sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA", {0, 1}, 0) == 1)
+    if (sm90_env_choice("TSCALE_ATTENTION_SM90_BWD_QUERY_WGMMA", {0, 1}, 1) == 1)
       launch_bwd_query_sm90(c.p);
     else
       launch_bwd_query<128>(c.p);
