@@ -246,3 +246,14 @@ def test_truncated_shard_is_refused(tokens, tmp_path, run_cli):
     shard.write_bytes(shard.read_bytes()[:-100])
     code, lines = _cli(run_cli, "--tokens", broken, "-o", tmp_path / "r")
     assert code == 2 and len(lines) == 1 and "train-00000.bin" in lines[0] and "truncated" in lines[0]
+
+
+def test_progress_notes_are_printed_as_given(capsys):
+    """Off a terminal a note is one line as given: brackets in a path are not read as markup, long lines not wrapped."""
+    from tscale.train.metrics import ProgressLine
+
+    text = "checkpoint runs/[exp 1]/ckpt/step-0000020 " + "x" * 150
+    with ProgressLine(10, 0) as progress:
+        progress.note(text)
+        progress.update(1, {"loss": 2.5, "lr": 1e-3, "tokens_per_s": 1000.0})
+    assert capsys.readouterr().err.splitlines() == [text, "step 1: loss 2.5000  lr 1.00e-03  1,000 tok/s"]

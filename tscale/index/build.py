@@ -120,7 +120,8 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     with progress, _sigterm_as_interrupt(), _kept_when_interrupted(out), resumable_dir(out, key) as (tmp, resumed):
         if resumed and (tmp / MANIFEST).is_file():  # the index itself was complete: keep it, go on with the features
             if not quiet:
-                progress.console.print(f"continuing the interrupted build in {tmp}: its index is complete")
+                progress.console.print(f"continuing the interrupted build in {tmp}: its index is complete",
+                                       highlight=False, markup=False, soft_wrap=True)
             manifest = load_manifest(tmp, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
             fields = {**manifest_fields(manifest), "features": None}
             files = _shard_files(fields["shards"])

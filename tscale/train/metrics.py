@@ -82,7 +82,8 @@ class ProgressLine:
             stats += f"  mfu {100 * record['mfu']:.1f}%"
         self.progress.update(self.task, completed=step, stats=stats)
         if not self.live:
-            self.console.print(f"step {step}: {stats}", highlight=False)
+            self.note(f"step {step}: {stats}")
 
     def note(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        """One line as given: no markup (a path may hold brackets), no wrapping (logs stay one line a record)."""
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
