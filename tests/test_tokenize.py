@@ -11,7 +11,7 @@ import pytest
 from tscale.data.shards import TokenFolder, token_dtype
 from tscale.data.text_input import iter_documents, list_inputs
 from tscale.data.tokenize import is_validation, tokenize_corpus
-from tscale.data.tokenizer import EOS, decode, decode_documents, eos_id, load_tokenizer
+from tscale.data.tokenizer import EOS, GrowingText, decode, decode_documents, eos_id, load_tokenizer, train_tokenizer
 from tscale.errors import UserError
 
 
@@ -154,6 +154,27 @@ def test_load_gpt2_files(gpt2_bpe):
         assert tok.encode("Hello world").ids == [15496, 995]
         assert eos_id(tok) == 50256
         assert tok.get_vocab_size() == 50257
+
+
+def test_growing_text_is_the_whole_decode_at_every_id(gpt2_bpe):
+    """Byte-level BPEs decode piecewise (real text whose characters span ids, and random ids that make broken UTF-8);
+    a decoder that strips a leading space per call (Metaspace) decodes whole: the text after each id is decode's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    rng = np.random.default_rng(0)
+    text = "naïve café — 日本語のテキスト 😀 and ASCII, then Ελληνικά; " * 3
+    gpt2 = load_tokenizer(gpt2_bpe)
+    small = train_tokenizer([text], vocab_size=300)  # most non-ASCII characters stay split over byte ids
+    meta = Tokenizer(models.WordLevel({"\u2581a": 0, "\u2581b": 1, "c": 2}, unk_token="c"))
+    meta.pre_tokenizer, meta.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    cases = [(gpt2, gpt2.encode(text).ids), (small, small.encode(text).ids),
+             (small, rng.integers(0, 300, 400).tolist()), (meta, [0, 2, 1, 1, 2, 0])]
+    for tok, ids in cases:
+        growing = GrowingText(tok)
+        assert growing.piecewise == (tok is not meta)
+        for n, i in enumerate(ids, 1):
+            assert growing.append(i) == decode(tok, ids[:n]), (n, ids[:n])
+        assert growing.settled_ids > len(ids) // 2 or not growing.piecewise  # the piecewise path did the work
 
 
 def test_train_small_bpe(tiny_corpus, run_cli, tmp_path):

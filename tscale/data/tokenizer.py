@@ -18,6 +18,8 @@ EOS = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS,)
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte + the special tokens
 
+REPLACEMENT = "\ufffd"  # what decoding shows for bytes that are not (yet) a whole UTF-8 character
+
 # GPT-2 style vocabulary / merges pairs, under the names OpenAI and Hugging Face use.
 _BPE_PAIRS = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))
 
@@ -113,6 +115,30 @@ def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> None:
 def decode(tok: Tokenizer, ids) -> str:
     """Text of `ids` (special tokens kept as text); ids may be any integer sequence or numpy array."""
     return tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+class GrowingText:
+    """The text of an id sequence that grows one id at a time, as `decode` gives it, in time that does not grow with
+    the sequence: a byte-level BPE decodes piecewise at a character boundary, so only the ids since the last point
+    where the text ended on a whole character are decoded again. Other decoders (a tokenizer.json may bring one that
+    strips or merges across tokens) decode the whole sequence each time."""
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        self.piecewise = isinstance(tok.decoder, decoders.ByteLevel)
+        self.ids: list[int] = []
+        self.settled_text, self.settled_ids = "", 0  # the text of ids[:settled_ids], which ends on a whole character
+
+    def append(self, i: int) -> str:
+        """Add one id; the text of all the ids so far."""
+        self.ids.append(int(i))
+        if not self.piecewise:
+            return decode(self.tok, self.ids)
+        tail = decode(self.tok, self.ids[self.settled_ids:])
+        text = self.settled_text + tail
+        if tail and not tail.endswith(REPLACEMENT):
+            self.settled_text, self.settled_ids = text, len(self.ids)
+        return text
 
 
 def decode_documents(tok: Tokenizer, ids, eos: int) -> list[str]:

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 from tokenizers import Tokenizer
 
-from tscale.data.tokenizer import EOS, decode, eos_id, load_tokenizer
+from tscale.data.tokenizer import EOS, REPLACEMENT, GrowingText, eos_id, load_tokenizer
 from tscale.errors import UserError
 from tscale.fileio import sha256_file
 from tscale.index.distribution import FeatureLookup
@@ -35,7 +35,6 @@ from tscale.index.mixing import IndexFeatures
 from tscale.infer.draft import DraftStats, IndexDrafter, accept
 from tscale.infer.sampling import SamplingParams, make_generator, sample_next
 
-REPLACEMENT = "\ufffd"  # what the decoder shows for bytes of a character not complete yet
 FINISH_REASONS = ("eos", "stop", "length")
 
 
@@ -243,7 +242,7 @@ class TextStream:
         eng, stops = self.engine, self.params.stop
         generator = make_generator(self.params.seed)
         stats = DraftStats()
-        ids: list[int] = []
+        growing = GrowingText(eng.tokenizer)
         text, emitted, sampled, reason = "", 0, 0, "length"
         for tok in eng.token_stream(self.prompt_ids, self.params.max_new_tokens, self.params.sampling, generator,
                                     stats):
@@ -251,8 +250,7 @@ class TextStream:
             if tok == eng.eos:
                 reason = "eos"
                 break
-            ids.append(tok)
-            text = decode(eng.tokenizer, ids)
+            text = growing.append(tok)
             stable = len(text) - _trailing_replacements(text)
             cut = _find_stop(text[:stable], stops, emitted)
             if cut is not None:
