@@ -11,8 +11,8 @@ TOL = 2.5e-2
 
 
 def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
-    """The forward's kernel and configuration: "ROWS-BLOCKS" for the sm_80 kernel (rows per warp: 64- or
-    128-query tiles; blocks per multiprocessor its registers leave room for), "sm90-BN-WGS" for the pipelined
+    """The forward's kernel and configuration: "ROWS-BLOCKS[-v]" for the sm_80 kernel (rows per warp: 64- or
+    128-query tiles; blocks per multiprocessor its registers leave room for; "-v": V tiles in Q's buffer), "sm90-BN-WGS" for the pipelined
     Hopper kernel with BN-key tiles and WGS warpgroups a block, "ws-BN-STAGES[-PINGPONG[-PERSISTENT]]" for the
     specialised-warp one with BN-key tiles, STAGES buffers, turns between its consumers or not, and its persistent
     form (two blocks) or not (both skip where they cannot run: head dim 64, or not an sm_90 GPU), or "auto" for the
@@ -29,10 +29,11 @@ def set_forward_config(fwd: str, monkeypatch, D: int = 128) -> None:
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_BN", bn)
         monkeypatch.setenv("TSCALE_ATTENTION_SM90_STAGES" if form == "ws" else "TSCALE_ATTENTION_SM90_WGS", third)
     elif fwd != "auto":
-        rows, blocks = fwd.split("-")
+        rows, blocks, *v_in_q = fwd.split("-")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", rows)
         monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", blocks)
+        monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "1" if v_in_q else "0")
 
 
 # The Hopper backward's forms, "WGS-TMA-EARLY_DV[-DQ_FIRST[-DQ_V4]]": warpgroups a block, Q and dO by cp.async (TMA

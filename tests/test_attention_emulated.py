@@ -39,7 +39,7 @@ EMU_CASES = [  # B, H, T, D, window, layout, sink
 ]
 
 
-@pytest.mark.parametrize("fwd", ["16-2", "32-2", "16-3"])
+@pytest.mark.parametrize("fwd", ["16-2", "32-2", "16-3", "16-2-v"])
 @pytest.mark.parametrize("copy_mode", [0, 1])  # cp.async copies land at random times / as early as possible
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_emulated_kernel_matches_reference(emu, case, copy_mode, fwd, monkeypatch):
@@ -252,6 +252,37 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "4")
     with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3"):
         emu.fwd(q, k, v, None, 0, False, 0.125)
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "16")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "1")
+    with pytest.raises(RuntimeError, match="V_IN_Q=1 needs 16 rows per warp and 2 blocks"):
+        emu.fwd(q, k, v, None, 0, False, 0.125)
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "yes")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_V_IN_Q must be auto, 0 or 1, got 'yes'"):
+        emu.fwd(q, k, v, None, 0, False, 0.125)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_emulated_forward_puts_v_in_q_where_shared_memory_is_small(emu, D, monkeypatch):
+    """The emulated GPU has sm_89's 100 KB a multiprocessor: at head dim 128 the forward's own choice is V in Q's
+    buffer (two blocks fit, one of the 53 KB layout), at head dim 64 (28 KB) not. Which kernel ran is told by the
+    emulator's count of thread switches, the same in every run of one form with copies landing at issue."""
+    q, k, v, _, _ = make_case(1, 2, 200, D, "none")
+    emu.set_copy_mode(1)
+    emu.set_block_order(0)
+
+    def switches(form):
+        set_forward_config(form, monkeypatch, D)
+        if form == "auto":
+            for name in ("ROWS", "BLOCKS", "V_IN_Q"):
+                monkeypatch.delenv(f"TSCALE_ATTENTION_FWD_{name}", raising=False)
+        before = emu.switches()
+        emu.fwd(q, k, v, None, 0, True, D ** -0.5)
+        return emu.switches() - before
+
+    chosen, v_in_q, plain = switches("auto"), switches("16-2-v"), switches("16-2")
+    assert v_in_q != plain
+    assert (chosen == v_in_q) == (D == 128)
 
 
 def test_emulated_kernels_cover_every_tile_head_and_batch_row(emu):

@@ -83,9 +83,28 @@ def test_split_backward_matches_reference(main, D, window, layout, sink, monkeyp
 @needs_kernel
 @needs_sm80
 @pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("window", [0, 128])
+def test_kernels_with_the_shared_memory_of_a_smaller_gpu(D, window, monkeypatch):
+    """TSCALE_ATTENTION_SMEM_PER_SM_KB=100 runs the sm_80 kernels as on an sm_86 / sm_89 GPU (padded launches, the
+    forward's V in Q's buffer at head dim 128); a value past this GPU's shared memory is refused by name."""
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
+    monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "mma")
+    monkeypatch.setenv("TSCALE_ATTENTION_SMEM_PER_SM_KB", "100")
+    case = make_case(2, 3, 300, D, "sparse", seed=D + window, device="cuda")
+    _check_kernel(*case, window=window, sink=True)
+    monkeypatch.setenv("TSCALE_ATTENTION_SMEM_PER_SM_KB", "100000")
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_SMEM_PER_SM_KB must be a count of KB"):
+        _check_kernel(*case, window=window, sink=True)
+
+
+@pytest.mark.cuda
+@needs_kernel
+@needs_sm80
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("B,H,T", [(1, 1, 1), (1, 1, 64), (2, 3, 100), (1, 8, 257), (4, 2, 1000), (3, 4, 1024),
                                    (2, 4, 2048)])
-@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "sm90-64-1", "sm90-64-2", "ws-128-2", "ws-64-3"])
+@pytest.mark.parametrize("fwd", ["auto", "16-2", "32-2", "16-3", "16-2-v", "sm90-64-1", "sm90-64-2", "ws-128-2",
+                                 "ws-64-3"])
 def test_kernel_shapes(B, H, T, D, fwd, monkeypatch):
     set_forward_config(fwd, monkeypatch, D)
     case = make_case(B, H, T, D, "sparse", seed=T, device="cuda")

@@ -178,10 +178,52 @@ struct DeviceScope {
   c10::cuda::CUDAGuard guard;
 };
 
+constexpr int kBlockReservedSmem = 1024;  // shared memory a multiprocessor keeps for each resident block (sm_80 on)
+
+// Shared memory a multiprocessor of the current device offers its blocks; TSCALE_ATTENTION_SMEM_PER_SM_KB, where
+// set, makes the kernels run as on a GPU with that much (e.g. 100: sm_86 / sm_89, the RTX 4090): the forward's
+// configuration is chosen for it, and launch_kernel pads each launch's shared memory so that no more blocks share a
+// multiprocessor than would fit there. Only the occupancy is emulated, not that GPU's clocks, memory or cache.
+inline int device_smem_per_multiprocessor() {
+  int n = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, c10::cuda::current_device()));
+  return n;
+}
+
+inline int emulated_smem_per_multiprocessor() {  // bytes, 0 when not emulating
+  const char* env = std::getenv("TSCALE_ATTENTION_SMEM_PER_SM_KB");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long kb = std::strtol(env, &end, 10);
+  const int device = device_smem_per_multiprocessor();
+  TORCH_CHECK(*end == '\0' && kb > 0 && kb * 1024 <= device, "TSCALE_ATTENTION_SMEM_PER_SM_KB must be a count of KB ",
+              "from 1 to this GPU's ", device / 1024, ", got '", env, "'");
+  return static_cast<int>(kb * 1024);
+}
+
+inline int smem_per_multiprocessor() {
+  const int emulated = emulated_smem_per_multiprocessor();
+  return emulated > 0 ? emulated : device_smem_per_multiprocessor();
+}
+
+// Dynamic shared memory for a launch of `smem` bytes that leaves room for as many blocks a multiprocessor as the
+// emulated one would hold (TSCALE_ATTENTION_SMEM_PER_SM_KB), or `smem` when not emulating.
+inline size_t occupancy_padded_smem(size_t smem) {
+  const int emulated = emulated_smem_per_multiprocessor();
+  if (emulated == 0) return smem;
+  const size_t per_block = smem + kBlockReservedSmem;
+  TORCH_CHECK(per_block <= static_cast<size_t>(emulated), "a launch of ", smem, " bytes of shared memory does not fit ",
+              "the emulated multiprocessor's ", emulated, " (TSCALE_ATTENTION_SMEM_PER_SM_KB)");
+  const size_t blocks = emulated / per_block;
+  const size_t padded = (device_smem_per_multiprocessor() / blocks - kBlockReservedSmem) / 1024 * 1024;
+  return padded > smem ? padded : smem;
+}
+
 // Launches kernel<<<grid, block, smem>>> on the current stream; raises the dynamic shared-memory
 // limit first when the kernel needs more than the default 48 KiB.
 template <typename... KArgs, typename... Args>
 void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  smem = occupancy_padded_smem(smem);
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -16,6 +16,9 @@
 // being held as A fragments. The host (fwd_config) takes 64-query tiles and three blocks for
 // head dim 128; for head dim 64 (167 registers with Q in registers: three blocks already) it
 // takes 128-query tiles unless a window of at most 128 keys would leave them mostly masked.
+// Shared memory sets the count where a multiprocessor has little of it: at head dim 128 a block takes 53 KB, so the
+// 100 KB of an sm_86 / sm_89 GPU (the RTX 4090) hold one. There (V_IN_Q) Q is held in registers and its buffer,
+// free once they are loaded, takes each V tile: 36 KB a block, two a multiprocessor.
 //
 // Which key tiles are visited, for the query tile [q0, q0 + BM):
 //   * causal: none after the tile of key q0 + BM - 1;
@@ -40,27 +43,31 @@
 namespace tscale::attn {
 namespace {
 
-template <int D, int MT>
+// V_IN_Q: V tiles in Q's buffer (64-query tiles only, as large as a V tile), one tile buffer fewer.
+template <int D, int MT, bool V_IN_Q = false>
 struct FwdLayout {
   static constexpr int kBM = kWarps * 16 * MT;                            // queries per block
   static constexpr int kPitch = D + kPad;                                 // bf16 per shared row
   static constexpr size_t kTileBytes = size_t{kTile} * kPitch * 2;        // one (64, D) key or value tile
-  static constexpr size_t kQ = 0, kK = kQ + size_t{kBM} * kPitch * 2, kV = kK + kTileBytes;
-  static constexpr size_t kKeyDocs = kV + kTileBytes;                    // int32 [2][kTile], by step parity
+  static_assert(!V_IN_Q || kBM == kTile, "V in Q's buffer needs 64-query tiles");
+  static constexpr size_t kQ = 0, kK = kQ + size_t{kBM} * kPitch * 2, kV = V_IN_Q ? kQ : kK + kTileBytes;
+  static constexpr size_t kKeyDocs = kK + (V_IN_Q ? 1 : 2) * kTileBytes;  // int32 [2][kTile], by step parity
   static constexpr size_t kSlot = kKeyDocs + 2 * kTile * sizeof(int32_t);  // one int for block_extreme
   static constexpr size_t kBytes = kSlot + 16;
 };
 
 // MT: 16-row m-tiles per warp (1 or 2). MIN_BLOCKS: blocks per multiprocessor the registers must
 // leave room for (__launch_bounds__). Q rows stay in registers as A fragments only with MT = 1 and
-// MIN_BLOCKS = 2; otherwise they are read from shared memory at each k-step.
-template <int D, int MT, int MIN_BLOCKS>
+// MIN_BLOCKS = 2; otherwise they are read from shared memory at each k-step. V_IN_Q (with Q in
+// registers): V tiles go to Q's buffer, the first once every warp holds its Q fragments.
+template <int D, int MT, int MIN_BLOCKS, bool V_IN_Q = false>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(const FwdParams p) {
-  using L = FwdLayout<D, MT>;
+  using L = FwdLayout<D, MT, V_IN_Q>;
   constexpr int P = L::kPitch, BM = L::kBM;
   constexpr int kNB = kTile / 8;  // n8-blocks of keys in S
   constexpr int kDB = D / 8;      // n8-blocks of head dims in O
   constexpr bool kQInRegs = MT == 1 && MIN_BLOCKS < 3;
+  static_assert(kQInRegs || !V_IN_Q, "V in Q's buffer needs Q in registers");
   TSCALE_ATTN_DYNAMIC_SMEM(smem);
   const uint32_t base = smem_addr(smem);
   const uint32_t q_s = base + L::kQ;  // (BM, D) queries
@@ -97,11 +104,11 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     }
   };
 
-  // Prologue: group 1 = Q + K(first), group 2 = V(first).
+  // Prologue: group 1 = Q + K(first), group 2 = V(first) (V_IN_Q: empty; V(first) is fetched on the first step).
   load_tile<BM, D>(q_s, qg, p.sq.t, q0, T, tid);
   fetch_keys(first, 0);
   cp_async_commit();
-  load_tile<kTile, D>(v_s, vg, p.sv.t, first * kTile, T, tid);
+  if (!V_IN_Q) load_tile<kTile, D>(v_s, vg, p.sv.t, first * kTile, T, tid);
   cp_async_commit();
 
   // This thread's query rows: m-tile mt, half r (rows g and g + 8 of the tile).
@@ -137,6 +144,11 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
     if (kQInRegs && step == 0) {
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) load_a(qf[kd], q_s, P, wrow, kd * 16, lane);
+      if (V_IN_Q) {  // V(first) into Q's buffer once every warp holds its Q: a group between K(first) and K(nt)
+        __syncthreads();
+        load_tile<kTile, D>(v_s, vg, p.sv.t, first * kTile, T, tid);
+        cp_async_commit();
+      }
     }
 
     float s[MT][kNB][4];  // S = Q K^T: 16 MT rows x 64 keys per warp
@@ -279,43 +291,64 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) attention_fwd_kernel(con
   store_rows<D>(og, p.so.t, q0 + wrow, o_s, imin(16 * MT, T - q0 - wrow), lane);
 }
 
-// The forward's configuration: rows per warp (16: 64-query tiles, 32: 128-query tiles) and the
-// blocks per multiprocessor its registers leave room for (2, or 3 with Q read from shared memory).
+// The forward's configuration: rows per warp (16: 64-query tiles, 32: 128-query tiles), the blocks per
+// multiprocessor its registers leave room for (2, or 3 with Q read from shared memory), and whether V tiles go
+// to Q's buffer (v_in_q: 16 rows and 2 blocks, Q in registers).
 struct FwdConfig {
   int rows, blocks;
+  bool v_in_q;
 };
 
-// TSCALE_ATTENTION_FWD_ROWS=16|32 and TSCALE_ATTENTION_FWD_BLOCKS=2|3 override the choice (for benchmarks
-// and tests; three blocks only with 16 rows). Head dim 128: 16 rows, 3 blocks (measured faster on every
-// mask, docs/BENCHMARKS.md). Head dim 64: 2 blocks, and 32 rows unless a window of at most 128 keys.
-inline FwdConfig fwd_config(int D, int window) {
-  FwdConfig c = D == 128 ? FwdConfig{16, 3} : FwdConfig{window > 0 && window <= 2 * kTile ? 16 : 32, 2};
-  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_ROWS")) {
-    c.rows = std::atoi(env);
-    TORCH_CHECK(c.rows == 16 || c.rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", env, "'");
+// TSCALE_ATTENTION_FWD_ROWS=16|32, TSCALE_ATTENTION_FWD_BLOCKS=2|3 and TSCALE_ATTENTION_FWD_V_IN_Q=auto|0|1 override
+// the choice (for benchmarks and tests; three blocks only with 16 rows, V in Q's buffer only with 16 rows and two
+// blocks). Head dim 128: 16 rows, 3 blocks (measured faster on every mask, docs/BENCHMARKS.md), or where a
+// multiprocessor's shared memory (smem_per_sm bytes) holds fewer than two blocks of that layout, 16 rows, 2 blocks
+// and V in Q's buffer. Head dim 64: 2 blocks, and 32 rows unless a window of at most 128 keys.
+inline FwdConfig fwd_config(int D, int window, int smem_per_sm) {
+  FwdConfig c = D == 128 ? FwdConfig{16, 3, false} : FwdConfig{window > 0 && window <= 2 * kTile ? 16 : 32, 2, false};
+  if (D == 128 && smem_per_sm < 2 * static_cast<int>(FwdLayout<128, 1>::kBytes + kBlockReservedSmem))
+    c = FwdConfig{16, 2, true};
+  const char* rows = std::getenv("TSCALE_ATTENTION_FWD_ROWS");
+  const char* blocks = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS");
+  const char* v_in_q = std::getenv("TSCALE_ATTENTION_FWD_V_IN_Q");
+  if (rows != nullptr || blocks != nullptr) c.v_in_q = false;
+  if (rows != nullptr) {
+    c.rows = std::atoi(rows);
+    TORCH_CHECK(c.rows == 16 || c.rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", rows, "'");
     if (c.rows == 32) c.blocks = 2;
   }
-  if (const char* env = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS")) {
-    c.blocks = std::atoi(env);
-    TORCH_CHECK(c.blocks == 2 || c.blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", env, "'");
+  if (blocks != nullptr) {
+    c.blocks = std::atoi(blocks);
+    TORCH_CHECK(c.blocks == 2 || c.blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", blocks, "'");
     TORCH_CHECK(c.blocks == 2 || c.rows == 16, "TSCALE_ATTENTION_FWD_BLOCKS=3 needs 16 rows per warp");
+  }
+  if (v_in_q != nullptr && std::strcmp(v_in_q, "auto") != 0) {
+    TORCH_CHECK(std::strcmp(v_in_q, "0") == 0 || std::strcmp(v_in_q, "1") == 0,
+                "TSCALE_ATTENTION_FWD_V_IN_Q must be auto, 0 or 1, got '", v_in_q, "'");
+    c.v_in_q = v_in_q[0] == '1';
+    if (c.v_in_q && rows == nullptr && blocks == nullptr) c.rows = 16, c.blocks = 2;
+    TORCH_CHECK(!c.v_in_q || (c.rows == 16 && c.blocks == 2),
+                "TSCALE_ATTENTION_FWD_V_IN_Q=1 needs 16 rows per warp and 2 blocks (Q held in registers)");
   }
   return c;
 }
 
-template <int D, int MT, int MIN_BLOCKS = 2>
+template <int D, int MT, int MIN_BLOCKS = 2, bool V_IN_Q = false>
 void launch_fwd(const FwdParams& p) {
-  const dim3 grid = tile_grid((p.T + FwdLayout<D, MT>::kBM - 1) / FwdLayout<D, MT>::kBM, p.H, p.B);
-  launch_kernel(attention_fwd_kernel<D, MT, MIN_BLOCKS>, grid, dim3(kThreads), FwdLayout<D, MT>::kBytes, p);
+  using L = FwdLayout<D, MT, V_IN_Q>;
+  const dim3 grid = tile_grid((p.T + L::kBM - 1) / L::kBM, p.H, p.B);
+  launch_kernel(attention_fwd_kernel<D, MT, MIN_BLOCKS, V_IN_Q>, grid, dim3(kThreads), L::kBytes, p);
 }
 
 template <int D>
 void launch_fwd_for(const FwdParams& p) {
-  const FwdConfig c = fwd_config(D, p.window);
+  const FwdConfig c = fwd_config(D, p.window, smem_per_multiprocessor());
   if (c.rows == 32)
     launch_fwd<D, 2>(p);
   else if (c.blocks == 3)
     launch_fwd<D, 1, 3>(p);
+  else if (c.v_in_q)
+    launch_fwd<D, 1, 2, true>(p);
   else
     launch_fwd<D, 1>(p);
 }

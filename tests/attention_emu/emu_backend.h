@@ -526,6 +526,11 @@ inline int multiprocessor_count() { return 3; }
 
 inline at::Tensor zeroed_i32(int64_t n) { return at::zeros({n}, at::kInt); }
 
+// The emulated multiprocessor's shared memory: that of sm_86 / sm_89 (100 KB), whose blocks get at most 99 KB
+// (each resident block also holds kBlockReservedSmem of it).
+constexpr int kBlockReservedSmem = 1024;
+inline int smem_per_multiprocessor() { return 100 * 1024; }
+
 // Launches with at most emu::rt().smem_limit bytes of dynamic shared memory: the opt-in limit of sm_86 / sm_89,
 // the smallest of the targets, unless an entry for Hopper kernels raised it to sm_90's.
 template <typename... KArgs, typename... Args>
