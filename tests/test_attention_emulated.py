@@ -255,34 +255,38 @@ def test_emulated_forward_config_is_checked(emu, monkeypatch):
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "16")
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "1")
-    with pytest.raises(RuntimeError, match="V_IN_Q=1 needs 16 rows per warp and 2 blocks"):
+    with pytest.raises(RuntimeError, match="V_IN_Q needs 16 rows per warp and 2 blocks"):
         emu.fwd(q, k, v, None, 0, False, 0.125)
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "yes")
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_V_IN_Q must be auto, 0 or 1, got 'yes'"):
+    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_V_IN_Q must be 0, 1 or auto, got 'yes'"):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_emulated_forward_puts_v_in_q_where_shared_memory_is_small(emu, D, monkeypatch):
-    """The emulated GPU has sm_89's 100 KB a multiprocessor: at head dim 128 the forward's own choice is V in Q's
-    buffer (two blocks fit, one of the 53 KB layout), at head dim 64 (28 KB) not. Which kernel ran is told by the
-    emulator's count of thread switches, the same in every run of one form with copies landing at issue."""
+    """The emulated GPU has sm_89's 100 KB a multiprocessor: at head dim 128 TSCALE_ATTENTION_FWD_V_IN_Q=auto takes
+    V in Q's buffer (two blocks fit, one of the 53 KB layout), at head dim 64 (28 KB) not; unset, neither does. Which
+    kernel ran is told by the emulator's count of thread switches, the same in every run of one form with copies
+    landing at issue."""
     q, k, v, _, _ = make_case(1, 2, 200, D, "none")
     emu.set_copy_mode(1)
     emu.set_block_order(0)
 
-    def switches(form):
+    def switches(form, v_in_q_setting=None):
         set_forward_config(form, monkeypatch, D)
         if form == "auto":
             for name in ("ROWS", "BLOCKS", "V_IN_Q"):
                 monkeypatch.delenv(f"TSCALE_ATTENTION_FWD_{name}", raising=False)
+            if v_in_q_setting is not None:
+                monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", v_in_q_setting)
         before = emu.switches()
         emu.fwd(q, k, v, None, 0, True, D ** -0.5)
         return emu.switches() - before
 
-    chosen, v_in_q, plain = switches("auto"), switches("16-2-v"), switches("16-2")
+    chosen, v_in_q, plain = switches("auto", "auto"), switches("16-2-v"), switches("16-2")
     assert v_in_q != plain
     assert (chosen == v_in_q) == (D == 128)
+    assert switches("auto") != v_in_q
 
 
 def test_emulated_kernels_cover_every_tile_head_and_batch_row(emu):

@@ -85,11 +85,13 @@ def test_split_backward_matches_reference(main, D, window, layout, sink, monkeyp
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("window", [0, 128])
 def test_kernels_with_the_shared_memory_of_a_smaller_gpu(D, window, monkeypatch):
-    """TSCALE_ATTENTION_SMEM_PER_SM_KB=100 runs the sm_80 kernels as on an sm_86 / sm_89 GPU (padded launches, the
-    forward's V in Q's buffer at head dim 128); a value past this GPU's shared memory is refused by name."""
+    """TSCALE_ATTENTION_SMEM_PER_SM_KB=100 runs the sm_80 kernels as on an sm_86 / sm_89 GPU (padded launches, and
+    with TSCALE_ATTENTION_FWD_V_IN_Q=auto the forward's V in Q's buffer at head dim 128); a value past this GPU's
+    shared memory is refused by name."""
     monkeypatch.setenv("TSCALE_ATTENTION_FWD_KERNEL", "mma")
     monkeypatch.setenv("TSCALE_ATTENTION_BWD_KERNEL", "mma")
     monkeypatch.setenv("TSCALE_ATTENTION_SMEM_PER_SM_KB", "100")
+    monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "auto")
     case = make_case(2, 3, 300, D, "sparse", seed=D + window, device="cuda")
     _check_kernel(*case, window=window, sink=True)
     monkeypatch.setenv("TSCALE_ATTENTION_SMEM_PER_SM_KB", "100000")

@@ -17,8 +17,8 @@
 // head dim 128; for head dim 64 (167 registers with Q in registers: three blocks already) it
 // takes 128-query tiles unless a window of at most 128 keys would leave them mostly masked.
 // Shared memory sets the count where a multiprocessor has little of it: at head dim 128 a block takes 53 KB, so the
-// 100 KB of an sm_86 / sm_89 GPU (the RTX 4090) hold one. There (V_IN_Q) Q is held in registers and its buffer,
-// free once they are loaded, takes each V tile: 36 KB a block, two a multiprocessor.
+// 100 KB of an sm_86 / sm_89 GPU (the RTX 4090) hold one. V_IN_Q holds Q in registers and stages each V tile in Q's
+// buffer, free once they are loaded: 36 KB a block, two a multiprocessor (opt-in until it has run on a GPU).
 //
 // Which key tiles are visited, for the query tile [q0, q0 + BM):
 //   * causal: none after the tile of key q0 + BM - 1;
@@ -299,19 +299,24 @@ struct FwdConfig {
   bool v_in_q;
 };
 
-// TSCALE_ATTENTION_FWD_ROWS=16|32, TSCALE_ATTENTION_FWD_BLOCKS=2|3 and TSCALE_ATTENTION_FWD_V_IN_Q=auto|0|1 override
+// TSCALE_ATTENTION_FWD_ROWS=16|32, TSCALE_ATTENTION_FWD_BLOCKS=2|3 and TSCALE_ATTENTION_FWD_V_IN_Q=0|1|auto override
 // the choice (for benchmarks and tests; three blocks only with 16 rows, V in Q's buffer only with 16 rows and two
-// blocks). Head dim 128: 16 rows, 3 blocks (measured faster on every mask, docs/BENCHMARKS.md), or where a
-// multiprocessor's shared memory (smem_per_sm bytes) holds fewer than two blocks of that layout, 16 rows, 2 blocks
-// and V in Q's buffer. Head dim 64: 2 blocks, and 32 rows unless a window of at most 128 keys.
+// blocks). Head dim 128: 16 rows, 3 blocks (measured faster on every mask, docs/BENCHMARKS.md). Head dim 64: 2
+// blocks, and 32 rows unless a window of at most 128 keys. V_IN_Q=auto: at head dim 128, where a multiprocessor's
+// shared memory (smem_per_sm bytes) holds fewer than two blocks of that layout, 16 rows, 2 blocks and V in Q's
+// buffer. It is not the default (unset: 0) until it has run on a GPU: checked on the emulator only
+// (docs/BENCHMARKS.md "The forward on a GPU with 100 KB a multiprocessor").
 inline FwdConfig fwd_config(int D, int window, int smem_per_sm) {
   FwdConfig c = D == 128 ? FwdConfig{16, 3, false} : FwdConfig{window > 0 && window <= 2 * kTile ? 16 : 32, 2, false};
-  if (D == 128 && smem_per_sm < 2 * static_cast<int>(FwdLayout<128, 1>::kBytes + kBlockReservedSmem))
-    c = FwdConfig{16, 2, true};
   const char* rows = std::getenv("TSCALE_ATTENTION_FWD_ROWS");
   const char* blocks = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS");
   const char* v_in_q = std::getenv("TSCALE_ATTENTION_FWD_V_IN_Q");
-  if (rows != nullptr || blocks != nullptr) c.v_in_q = false;
+  TORCH_CHECK(v_in_q == nullptr || std::strcmp(v_in_q, "0") == 0 || std::strcmp(v_in_q, "1") == 0 ||
+                  std::strcmp(v_in_q, "auto") == 0,
+              "TSCALE_ATTENTION_FWD_V_IN_Q must be 0, 1 or auto, got '", v_in_q, "'");
+  const bool small_smem = smem_per_sm < 2 * static_cast<int>(FwdLayout<128, 1>::kBytes + kBlockReservedSmem);
+  const bool want_v_in_q = v_in_q != nullptr && (v_in_q[0] == '1' || (v_in_q[0] == 'a' && D == 128 && small_smem));
+  if (want_v_in_q && rows == nullptr && blocks == nullptr) c = FwdConfig{16, 2, true};
   if (rows != nullptr) {
     c.rows = std::atoi(rows);
     TORCH_CHECK(c.rows == 16 || c.rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", rows, "'");
@@ -322,13 +327,10 @@ inline FwdConfig fwd_config(int D, int window, int smem_per_sm) {
     TORCH_CHECK(c.blocks == 2 || c.blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", blocks, "'");
     TORCH_CHECK(c.blocks == 2 || c.rows == 16, "TSCALE_ATTENTION_FWD_BLOCKS=3 needs 16 rows per warp");
   }
-  if (v_in_q != nullptr && std::strcmp(v_in_q, "auto") != 0) {
-    TORCH_CHECK(std::strcmp(v_in_q, "0") == 0 || std::strcmp(v_in_q, "1") == 0,
-                "TSCALE_ATTENTION_FWD_V_IN_Q must be auto, 0 or 1, got '", v_in_q, "'");
-    c.v_in_q = v_in_q[0] == '1';
-    if (c.v_in_q && rows == nullptr && blocks == nullptr) c.rows = 16, c.blocks = 2;
+  if (rows != nullptr || blocks != nullptr) {
+    c.v_in_q = want_v_in_q;
     TORCH_CHECK(!c.v_in_q || (c.rows == 16 && c.blocks == 2),
-                "TSCALE_ATTENTION_FWD_V_IN_Q=1 needs 16 rows per warp and 2 blocks (Q held in registers)");
+                "TSCALE_ATTENTION_FWD_V_IN_Q needs 16 rows per warp and 2 blocks (Q held in registers)");
   }
   return c;
 }
