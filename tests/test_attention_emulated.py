@@ -242,23 +242,19 @@ def test_emulated_hopper_forward_refuses_head_dim_64(emu):
         emu.fwd_sm90(q, k, v, None, 0, False, 0.125)
 
 
-def test_emulated_forward_config_is_checked(emu, monkeypatch):
-    """Three blocks a multiprocessor exist only for 64-query tiles; a bad override names its variable."""
+@pytest.mark.parametrize("settings, message", [
+    ({"ROWS": "32", "BLOCKS": "3"}, "needs 16 rows per warp"),
+    ({"ROWS": "32", "BLOCKS": "4"}, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3"),
+    ({"ROWS": "16", "BLOCKS": "3", "V_IN_Q": "1"}, "V_IN_Q needs 16 rows per warp and 2 blocks"),
+    ({"V_IN_Q": "yes"}, "TSCALE_ATTENTION_FWD_V_IN_Q must be 0, 1 or auto, got 'yes'"),
+])
+def test_emulated_forward_config_is_checked(emu, monkeypatch, settings, message):
+    """Three blocks a multiprocessor exist only for 64-query tiles, V in Q's buffer only with two of them; a bad
+    override names its variable."""
     q, k, v, _, _ = make_case(1, 1, 64, 128, "none")
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "32")
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
-    with pytest.raises(RuntimeError, match="needs 16 rows per warp"):
-        emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "4")
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3"):
-        emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_BLOCKS", "3")
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_ROWS", "16")
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "1")
-    with pytest.raises(RuntimeError, match="V_IN_Q needs 16 rows per warp and 2 blocks"):
-        emu.fwd(q, k, v, None, 0, False, 0.125)
-    monkeypatch.setenv("TSCALE_ATTENTION_FWD_V_IN_Q", "yes")
-    with pytest.raises(RuntimeError, match="TSCALE_ATTENTION_FWD_V_IN_Q must be 0, 1 or auto, got 'yes'"):
+    for name, value in settings.items():
+        monkeypatch.setenv(f"TSCALE_ATTENTION_FWD_{name}", value)
+    with pytest.raises(RuntimeError, match=message):
         emu.fwd(q, k, v, None, 0, False, 0.125)
 
 
