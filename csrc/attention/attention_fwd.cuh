@@ -303,20 +303,21 @@ struct FwdConfig {
 // the choice (for benchmarks and tests; three blocks only with 16 rows, V in Q's buffer only with 16 rows and two
 // blocks). Head dim 128: 16 rows, 3 blocks (measured faster on every mask, docs/BENCHMARKS.md). Head dim 64: 2
 // blocks, and 32 rows unless a window of at most 128 keys. V_IN_Q=auto: at head dim 128, where a multiprocessor's
-// shared memory (smem_per_sm bytes) holds fewer than two blocks of that layout, 16 rows, 2 blocks and V in Q's
+// shared memory (smem_per_multiprocessor) holds fewer than two blocks of that layout, 16 rows, 2 blocks and V in Q's
 // buffer. It is not the default (unset: 0) until it has run on a GPU: checked on the emulator only
 // (docs/BENCHMARKS.md "The forward on a GPU with 100 KB a multiprocessor").
-inline FwdConfig fwd_config(int D, int window, int smem_per_sm) {
+inline FwdConfig fwd_config(int D, int window) {
   FwdConfig c = D == 128 ? FwdConfig{16, 3, false} : FwdConfig{window > 0 && window <= 2 * kTile ? 16 : 32, 2, false};
   const char* rows = std::getenv("TSCALE_ATTENTION_FWD_ROWS");
   const char* blocks = std::getenv("TSCALE_ATTENTION_FWD_BLOCKS");
   const char* v_in_q = std::getenv("TSCALE_ATTENTION_FWD_V_IN_Q");
-  TORCH_CHECK(v_in_q == nullptr || std::strcmp(v_in_q, "0") == 0 || std::strcmp(v_in_q, "1") == 0 ||
-                  std::strcmp(v_in_q, "auto") == 0,
+  const bool forced = v_in_q != nullptr && std::strcmp(v_in_q, "1") == 0;
+  const bool automatic = v_in_q != nullptr && std::strcmp(v_in_q, "auto") == 0;
+  TORCH_CHECK(v_in_q == nullptr || forced || automatic || std::strcmp(v_in_q, "0") == 0,
               "TSCALE_ATTENTION_FWD_V_IN_Q must be 0, 1 or auto, got '", v_in_q, "'");
-  const bool small_smem = smem_per_sm < 2 * static_cast<int>(FwdLayout<128, 1>::kBytes + kBlockReservedSmem);
-  const bool want_v_in_q = v_in_q != nullptr && (v_in_q[0] == '1' || (v_in_q[0] == 'a' && D == 128 && small_smem));
-  if (want_v_in_q && rows == nullptr && blocks == nullptr) c = FwdConfig{16, 2, true};
+  if (forced || (automatic && D == 128 &&
+                 smem_per_multiprocessor() < 2 * static_cast<int>(FwdLayout<128, 1>::kBytes + kBlockReservedSmem)))
+    c = FwdConfig{16, 2, true};
   if (rows != nullptr) {
     c.rows = std::atoi(rows);
     TORCH_CHECK(c.rows == 16 || c.rows == 32, "TSCALE_ATTENTION_FWD_ROWS must be 16 or 32, got '", rows, "'");
@@ -327,11 +328,8 @@ inline FwdConfig fwd_config(int D, int window, int smem_per_sm) {
     TORCH_CHECK(c.blocks == 2 || c.blocks == 3, "TSCALE_ATTENTION_FWD_BLOCKS must be 2 or 3, got '", blocks, "'");
     TORCH_CHECK(c.blocks == 2 || c.rows == 16, "TSCALE_ATTENTION_FWD_BLOCKS=3 needs 16 rows per warp");
   }
-  if (rows != nullptr || blocks != nullptr) {
-    c.v_in_q = want_v_in_q;
-    TORCH_CHECK(!c.v_in_q || (c.rows == 16 && c.blocks == 2),
-                "TSCALE_ATTENTION_FWD_V_IN_Q needs 16 rows per warp and 2 blocks (Q held in registers)");
-  }
+  TORCH_CHECK(!c.v_in_q || (c.rows == 16 && c.blocks == 2),
+              "TSCALE_ATTENTION_FWD_V_IN_Q needs 16 rows per warp and 2 blocks (Q held in registers)");
   return c;
 }
 
@@ -344,7 +342,7 @@ void launch_fwd(const FwdParams& p) {
 
 template <int D>
 void launch_fwd_for(const FwdParams& p) {
-  const FwdConfig c = fwd_config(D, p.window, smem_per_multiprocessor());
+  const FwdConfig c = fwd_config(D, p.window);
   if (c.rows == 32)
     launch_fwd<D, 2>(p);
   else if (c.blocks == 3)

@@ -9,8 +9,7 @@
 # file; OUT_DIR/gpu_tests.txt keeps those lines. TESTS_K narrows every file (a pytest -k expression).
 set -u
 OUT=${1:?usage: gpu_tests.sh OUT_DIR [SECONDS]}
-deadline=$(( $(date +%s) + ${2:-540} ))
-left() { echo $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )); }
+source scripts/device/deadline.sh "${2:-540}"
 mkdir -p "$OUT/logs"
 source scripts/device/setup_env.sh "$OUT/logs" || exit 1
 python3 -c "import torch, tscale._C as c; print(torch.__version__, torch.cuda.get_device_name(), 'cuda kernels', c.with_cuda)"

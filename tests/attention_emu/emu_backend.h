@@ -526,10 +526,10 @@ inline int multiprocessor_count() { return 3; }
 
 inline at::Tensor zeroed_i32(int64_t n) { return at::zeros({n}, at::kInt); }
 
-// The emulated multiprocessor's shared memory: that of sm_86 / sm_89 (100 KB), whose blocks get at most 99 KB
-// (each resident block also holds kBlockReservedSmem of it).
+// The emulated multiprocessor's shared memory: a launch's limit (by default sm_86 / sm_89's 99 KB) and the
+// kBlockReservedSmem each resident block also holds (100 KB there).
 constexpr int kBlockReservedSmem = 1024;
-inline int smem_per_multiprocessor() { return 100 * 1024; }
+inline int smem_per_multiprocessor() { return static_cast<int>(emu::rt().smem_limit) + kBlockReservedSmem; }
 
 // Launches with at most emu::rt().smem_limit bytes of dynamic shared memory: the opt-in limit of sm_86 / sm_89,
 // the smallest of the targets, unless an entry for Hopper kernels raised it to sm_90's.
