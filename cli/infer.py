@@ -8,7 +8,8 @@ from rich.console import Console
 
 from tscale.devices import resolve_device
 from tscale.errors import UserError
-from tscale.infer import Engine, GenerationParams, SamplingParams, check_new_output, read_requests, write_completions
+from tscale.infer import (Engine, GenerationParams, SamplingParams, check_new_output, flag_name, read_requests,
+                          write_completions)
 from tscale.infer.server import API_KEY_ENV, CompletionServer, require_secret
 from tscale.precision import INFER_MODES
 
@@ -53,7 +54,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
         raise UserError("--prompts needs --out FILE.jsonl for the completions")
     if prompt is not None and out is not None:
         raise UserError("--out goes with --prompts; a single --prompt streams to stdout")
-    params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed).check()
+    params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed).check(spell=flag_name)
     err = Console(stderr=True, highlight=False)
 
     def load() -> Engine:

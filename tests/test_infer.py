@@ -238,5 +238,7 @@ def test_cli_errors(ckpt, tmp_path):
     one_line_error(invoke("infer", ckpt, "--prompts", bad, "--out", tmp_path / "o.jsonl"), f"{bad}:2", "JSON")
     bad.write_text('{"prompt": "ok", "max_tokens": 3}\n')
     one_line_error(invoke("infer", ckpt, "--prompts", bad, "--out", tmp_path / "o.jsonl"), f"{bad}:1", "max_tokens")
-    one_line_error(invoke("infer", ckpt, "--prompt", "x", "--top-p", 0), "top_p")
+    one_line_error(invoke("infer", ckpt, "--prompt", "x", "--top-p", 0), "--top-p 0")
+    one_line_error(invoke("infer", ckpt, "--prompt", "x", "--max-new-tokens", -1), "--max-new-tokens -1")
+    one_line_error(invoke("infer", ckpt, "--prompt", "x", "--stop", ""), "--stop", "empty")
     assert not (tmp_path / "o.jsonl").exists()

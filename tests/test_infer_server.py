@@ -97,7 +97,9 @@ def test_models_lists_the_one_model(server):
     ({"prompt": "x", "logprobs": 5}, 400, "logprobs"),
     ({"prompt": ["a", "b"]}, 400, "prompt"),
     ({"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
-    ({"prompt": "x", "temperature": -1}, 400, None),
+    ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"prompt": "x", "stop": ["", "y"]}, 400, "stop"),
     ({"prompt": "word " * 100}, 400, "prompt"),  # longer than the model's context
 ])
@@ -105,6 +107,7 @@ def test_bad_requests_are_refused_with_the_field(server, body, status, param):
     code, _, raw = call(server, "/v1/completions", body)
     err = json.loads(raw)["error"]
     assert code == status and err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+    assert param in err["message"]  # as the request spells it: max_tokens, not the engine's max_new_tokens
 
 
 def test_bad_json_and_unknown_paths(server):

@@ -18,7 +18,7 @@ pass: greedy output is unchanged, sampled output keeps its distribution, fewer p
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +33,7 @@ from tscale.index.distribution import FeatureLookup
 from tscale.index.lookup import Index
 from tscale.index.mixing import IndexFeatures
 from tscale.infer.draft import DraftStats, IndexDrafter, accept
-from tscale.infer.sampling import SamplingParams, make_generator, sample_next
+from tscale.infer.sampling import SamplingParams, SettingError, make_generator, sample_next
 
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -47,13 +47,15 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     seed: int | None = 0
 
-    def check(self, where: str = "") -> "GenerationParams":
+    def check(self, where: str = "", spell: Callable[[str], str] = str) -> "GenerationParams":
+        """Raise SettingError naming the bad value as `spell` writes its field (prefixed by `where`, e.g. a file:line)."""
         at = f"{where}: " if where else ""
         if self.max_new_tokens < 0:
-            raise UserError(f"{at}max_new_tokens {self.max_new_tokens}: must be >= 0")
+            raise SettingError("max_new_tokens",
+                               f"{at}{spell('max_new_tokens')} {self.max_new_tokens}: must be >= 0")
         if any(not s for s in self.stop):
-            raise UserError(f"{at}a stop string is empty")
-        self.sampling.check(where)
+            raise SettingError("stop", f"{at}{spell('stop')}: a stop string is empty")
+        self.sampling.check(where, spell)
         return self
 
 

@@ -4,11 +4,25 @@ Sampling runs on the CPU in float32 with a `torch.Generator` the caller seeds, s
 the same tokens whatever the device the logits came from (as long as the logits agree).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from tscale.errors import UserError
+
+
+class SettingError(UserError):
+    """A generation setting out of range; `key` is its field name (max_new_tokens, temperature, ...)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def flag_name(key: str) -> str:
+    """A setting's command-line flag: top_p -> --top-p."""
+    return "--" + key.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -19,15 +33,15 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
 
-    def check(self, where: str = "") -> "SamplingParams":
-        """Raise UserError naming the bad value (prefixed by `where`, e.g. a file:line)."""
+    def check(self, where: str = "", spell: Callable[[str], str] = str) -> "SamplingParams":
+        """Raise SettingError naming the bad value as `spell` writes its field (prefixed by `where`, e.g. a file:line)."""
         at = f"{where}: " if where else ""
         if not self.temperature >= 0:
-            raise UserError(f"{at}temperature {self.temperature}: must be >= 0 (0 = greedy)")
+            raise SettingError("temperature", f"{at}{spell('temperature')} {self.temperature}: must be >= 0 (0 = greedy)")
         if self.top_k < 0:
-            raise UserError(f"{at}top_k {self.top_k}: must be >= 0 (0 = off)")
+            raise SettingError("top_k", f"{at}{spell('top_k')} {self.top_k}: must be >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
-            raise UserError(f"{at}top_p {self.top_p}: must be in (0, 1] (1 = off)")
+            raise SettingError("top_p", f"{at}{spell('top_p')} {self.top_p}: must be in (0, 1] (1 = off)")
         return self
 
     @property

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tscale.errors import UserError
 from tscale.infer.engine import Engine, GenerationParams
-from tscale.infer.sampling import SamplingParams
+from tscale.infer.sampling import SamplingParams, SettingError
 
 API_KEY_ENV = "TSCALE_API_KEY"
 IGNORED = ("model", "user", "stream_options")
@@ -51,6 +51,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def request_key(field: str) -> str:
+    """A generation setting's name in a completions request: max_new_tokens is max_tokens there."""
+    return "max_tokens" if field == "max_new_tokens" else field
 
 
 def parse_request(body: dict) -> tuple[str, GenerationParams, bool]:
@@ -91,9 +96,9 @@ def parse_request(body: dict) -> tuple[str, GenerationParams, bool]:
     sampling = SamplingParams(float(number("temperature", 1.0)), number("top_k", 0, int), float(number("top_p", 1.0)))
     params = GenerationParams(number("max_tokens", 16, int), sampling, tuple(stop), seed)
     try:
-        params.check()
-    except UserError as e:
-        raise RequestError(400, str(e)) from None
+        params.check(spell=request_key)
+    except SettingError as e:
+        raise RequestError(400, str(e), request_key(e.key)) from None
     return prompt, params, stream
 
 
