@@ -1,8 +1,8 @@
 """`tscale build-index`: tokens/ -> index/ (options only; the work is tscale.index.build)."""
 
 import click
-from rich.console import Console
 
+from tscale import terminal
 from tscale.index.build import DEFAULT_FEATURES_SPAN, DEFAULT_MAX_MEMORY_GB, build_index as build
 from tscale.index.distribution import DISTRIBUTIONS
 from tscale.index.features import DEFAULT_TOPK, FEATURE_MAX_LEN
@@ -44,7 +44,7 @@ def build_index(tokens, out, max_memory_gb, shard_tokens, decontaminate, deconta
               shard_tokens=shard_tokens, quiet=quiet, workers=workers, features_topk=features_topk,
               features_folds=features_folds, features_span=features_span, decontaminate_against=decontaminate_against,
               features_max_len=features_max_len, features_distribution=features_distribution)
-    console = Console(highlight=False)
+    console = terminal.console()
     b = m["build"]
     console.print(f"{m['num_tokens']:,} tokens, {m['num_docs']:,} documents in {len(m['shards'])} shard(s), "
                   f"{m['bytes_per_token']} bytes/token, {b['seconds']:.1f} s -> {out}")

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -12,6 +11,7 @@ from tscale.errors import UserError
 from tscale.eval import evaluate_checkpoint, plot_curves, run_dir_of
 from tscale.fileio import write_json_atomic
 from tscale.precision import INFER_MODES
+from tscale.terminal import console
 
 
 @click.command("eval")
@@ -44,7 +44,7 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index
         if not metrics.is_file():
             raise UserError(f"{metrics}: no such file; --plot needs the run's metrics")
     out = Path(out) if out else (run_dir / "eval.json" if run_dir is not None else Path("eval.json"))
-    err = Console(stderr=True, highlight=False)
+    err = console(stderr=True, live=True)
     with Progress(TextColumn("scoring val tokens"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
                   TimeElapsedColumn(), console=err, disable=not err.is_terminal) as progress:
         task = progress.add_task("eval", total=None)
@@ -57,11 +57,11 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index
         _print_buckets(entry, result["model_uses_index"])
     if "without_index" in result:
         _print_buckets(result["without_index"], False)
-    console = Console(highlight=False)
-    console.print(f"-> {out}")
+    out_console = console()
+    out_console.print(f"-> {out}")
     if metrics is not None:
         plot_curves(metrics, plot, title=f"{run_dir.name}", eval_point=(result["step"], result["val_loss"]))
-        console.print(f"-> {plot}")
+        out_console.print(f"-> {plot}")
 
 
 def _print_table(r: dict) -> None:
@@ -77,7 +77,7 @@ def _print_table(r: dict) -> None:
     table.add_row("all", f"{r['val_tokens']:,}", f"{r['val_loss']:.4f}", f"{r['perplexity']:.2f}", bpb(r["bits_per_byte"]),
                   style="bold")
     table.add_row("unigram baseline", "", f"{r['unigram_loss']:.4f}", "", "", style="dim")
-    Console(highlight=False).print(table)
+    console().print(table)
 
 
 def _print_buckets(e: dict, fed: bool) -> None:
@@ -105,4 +105,4 @@ def _print_buckets(e: dict, fed: bool) -> None:
         loss = "-" if b["loss"] is None else f"{b['loss']:.4f}"
         ppl = "-" if b["perplexity"] is None else f"{b['perplexity']:.2f}"
         table.add_row(name, f"{b['tokens']:,}", f"{b['share']:.1%}", loss, ppl)
-    Console(highlight=False).print(table)
+    console().print(table)

@@ -4,7 +4,6 @@ import os
 import sys
 
 import click
-from rich.console import Console
 
 from tscale.devices import resolve_device
 from tscale.errors import UserError
@@ -12,6 +11,7 @@ from tscale.infer import (Engine, GenerationParams, SamplingParams, check_new_ou
                           write_completions)
 from tscale.infer.server import API_KEY_ENV, CompletionServer, require_secret
 from tscale.precision import INFER_MODES
+from tscale.terminal import console
 
 
 @click.command("infer")
@@ -55,7 +55,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
     if prompt is not None and out is not None:
         raise UserError("--out goes with --prompts; a single --prompt streams to stdout")
     params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed).check(spell=flag_name)
-    err = Console(stderr=True, highlight=False)
+    err = console(stderr=True)
 
     def load() -> Engine:
         return Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir, draft_index,

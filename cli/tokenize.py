@@ -1,8 +1,8 @@
 """`tscale tokenize`: text inputs -> token folder (options only; the work is tscale.data.tokenize)."""
 
 import click
-from rich.console import Console
 
+from tscale import terminal
 from tscale.data.tokenize import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_MODULUS, tokenize_corpus
 
 
@@ -19,7 +19,7 @@ def tokenize(inputs, out, tokenizer, vocab_size, val_modulus, shard_tokens, quie
     """Tokenize INPUTS (.txt, .jsonl, .jsonl.xz files or folders of them) into the token folder OUT."""
     m = tokenize_corpus(list(inputs), out, tokenizer=tokenizer, vocab_size=vocab_size,
                         val_modulus=val_modulus, shard_tokens=shard_tokens, quiet=quiet)
-    console = Console(highlight=False)
+    console = terminal.console()
     for split in ("train", "val"):
         s = m["splits"][split]
         console.print(f"{split:5s} {s['docs']:>9,} docs {s['tokens']:>14,} tokens in {len(s['shards'])} shard(s)")

@@ -119,6 +119,15 @@ def test_split_and_roundtrip(tiny_corpus, gpt2_bpe, run_cli, tmp_path, modulus):
     assert folder.sources == ["notes", "island-news", "articles"]  # first-appearance order
 
 
+def test_summary_names_the_output_as_given(tiny_corpus, gpt2_bpe, run_cli, tmp_path):
+    """A path's brackets are not read as markup, and a summary line longer than 80 columns is not wrapped."""
+    out = tmp_path / "tokens [v2]"
+    code, output = run_cli("tokenize", tiny_corpus / "notes", "-o", out, "--tokenizer", gpt2_bpe, "--quiet")
+    assert code == 0, output
+    last = output.splitlines()[-1]
+    assert last.startswith("vocabulary ") and last.endswith(f"-> {out}") and len(last) > 80
+
+
 def test_literal_eos_text_is_not_a_document_end(tmp_path, gpt2_bpe, run_cli):
     text = f"Before the marker {EOS} and after it.\n"
     (tmp_path / "in").mkdir()

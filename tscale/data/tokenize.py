@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from tokenizers import Tokenizer
 
+from tscale import terminal
 from tscale.data import tokenizer as tk
 from tscale.data.shards import TOKENS_FORMAT, TOKENS_VERSION, ShardWriter, token_dtype
 from tscale.data.text_input import Document, InputFile, iter_documents, list_inputs
@@ -200,7 +200,7 @@ def _finish(progress: Progress, task) -> None:
 
 
 def _progress(quiet: bool) -> Progress:
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True, live=True)
     return Progress(
         SpinnerColumn(finished_text="[green]✓"),
         TextColumn("{task.description}"),

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tscale.data.shards import TokenFolder
@@ -33,6 +32,7 @@ from tscale.index.distribution import FeatureLookup
 from tscale.index.folds import MAX_FOLDS, write_fold_features
 from tscale.index.lookup import DOC_COLUMNS, INDEX_FORMAT, INDEX_VERSION, SA_BYTES, Index, tokens_identity
 from tscale.manifest import MANIFEST, load_manifest, manifest_fields, write_manifest
+from tscale.terminal import console
 from tscale.ops import index as ops
 
 MAX_SHARD_TOKENS = (1 << 32) - 1
@@ -113,7 +113,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
     t0 = time.perf_counter()
     dropped = [np.zeros(len(s.docs), bool) for s in folder.shards("train")]
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
-                        TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
+                        TimeElapsedColumn(), console=console(stderr=True, live=True), disable=quiet)
     key = {"tokens": tokens_identity(folder), "against": against_identity, "decontaminate": decontaminate,
            "shard_tokens_limit": limit, "features": features, "lookup": lookup._asdict() if features else None,
            "features_folds": features_folds, "features_span": features_span}
@@ -121,7 +121,7 @@ def build_index(tokens: str | os.PathLike, out: str | os.PathLike, max_memory_gb
         if resumed and (tmp / MANIFEST).is_file():  # the index itself was complete: keep it, go on with the features
             if not quiet:
                 progress.console.print(f"continuing the interrupted build in {tmp}: its index is complete",
-                                       highlight=False, markup=False, soft_wrap=True)
+                                       soft_wrap=True)
             manifest = load_manifest(tmp, INDEX_FORMAT, (INDEX_VERSION,), verify=False)
             fields = {**manifest_fields(manifest), "features": None}
             files = _shard_files(fields["shards"])

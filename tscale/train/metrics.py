@@ -5,10 +5,10 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from tscale.fileio import write_text_atomic
+from tscale.terminal import console
 
 
 class MetricsLog:
@@ -59,7 +59,7 @@ class ProgressLine:
     """A rich progress bar with loss, lr, tok/s, MFU and ETA; plain log lines when not on a terminal."""
 
     def __init__(self, total_steps: int, start_step: int, quiet: bool = False):
-        self.console = Console(stderr=True, quiet=quiet)
+        self.console = console(stderr=True, quiet=quiet, live=True)
         self.live = self.console.is_terminal
         self.progress = Progress(
             TextColumn("step {task.completed}/{task.total}"), BarColumn(bar_width=24),
@@ -85,5 +85,5 @@ class ProgressLine:
             self.note(f"step {step}: {stats}")
 
     def note(self, text: str) -> None:
-        """One line as given: no markup (a path may hold brackets), no wrapping (logs stay one line a record)."""
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        """One line as given (the console reads no markup), not wrapped: a log keeps one line a record."""
+        self.console.print(text, soft_wrap=True)
