@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from tscale.config import load_config
 from tscale.ops import lowprec
@@ -380,6 +381,22 @@ def test_quantized_linear_modes_match_the_float_layer():
         quantize_for_inference(model, mode, exclude=())
         assert isinstance(model[0], QuantizedLinear)
         assert _rel(model(x).detach(), want.detach()) < tol, mode
+
+
+def test_weight_only_layers_compute_with_their_dequantised_weights():
+    """int8-w / fp8-w: the product with weight * per-channel scale, in float32 and under bf16 autocast."""
+    torch.manual_seed(1)
+    linear = nn.Linear(96, 40)
+    x = torch.randn(3, 5, 96)
+    for mode in ("int8-w", "fp8-w"):
+        model = nn.Sequential(linear)
+        quantize_for_inference(model, mode, exclude=())
+        layer = model[0]
+        want = F.linear(x, layer.qweight.float() * layer.w_scale, linear.bias)  # (3, 5, 40)
+        assert torch.allclose(layer(x), want, rtol=1e-5, atol=1e-5), mode
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = layer(x)
+        assert got.dtype == torch.bfloat16 and _rel(got.float(), want) < 1e-2, mode
 
 
 def test_greedy_generation_in_low_precision_mostly_matches(trained):
