@@ -15,6 +15,7 @@ Merges into docs/bench/lowprec.json (part "weight-only forms <label>"): wo_<labe
 """
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -50,10 +51,7 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     trained = block_layers(args.d_model, device, dtype)
-    quantized = nn.Sequential(*[nn.Linear(1, 1) for _ in trained])
-    for i, layer in enumerate(trained):
-        quantized[i] = nn.Linear(layer.in_features, layer.out_features, bias=False).to(device, dtype)
-        quantized[i].weight.data.copy_(layer.weight.data)
+    quantized = nn.Sequential(*[copy.deepcopy(layer) for layer in trained])
     quantize_for_inference(quantized, "int8-w", exclude=())
     xs = {n: torch.randn(args.tokens, n, device=device, dtype=dtype) for n in (args.d_model, 4 * args.d_model)}
 
