@@ -1,5 +1,6 @@
 """fp8 / int8: quantize and the scaled products, the low-precision linear layers, training recipes, inference modes."""
 
+import copy
 import json
 
 import pytest
@@ -439,6 +440,28 @@ def test_cli_precision_options(trained, tokens, tmp_path, run_cli):
 
 
 # ---- CUDA: kernels against the references (run on the GPU machine) -------------------------------------------
+
+
+@CUDA
+@pytest.mark.parametrize("mode", ["int8-w", "fp8"])
+def test_cuda_layers_quantised_one_at_a_time_never_hold_the_whole_model(mode):
+    """A model on the CPU converted for the GPU: the GPU holds one float32 layer at a time, not all of them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])  # 8 x 16 MiB of float32 weights
+    x = torch.randn(4, 2048)
+    want = nn.Sequential(*[copy.deepcopy(layer) for layer in model])
+    quantize_for_inference(want, mode, exclude=())
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    quantize_for_inference(model, mode, exclude=(), device="cuda")
+    model.to("cuda")
+    peak = torch.cuda.max_memory_allocated() - before
+    # 32 MiB of 1-byte weights, one 16 MiB float32 layer and its quantiser's temporaries; all the layers at once on
+    # the GPU would be 128 MiB before any of them is quantised
+    assert peak < 96 * 2**20, peak
+    assert all(b.device.type == "cuda" for b in model.buffers())
+    assert _rel(model(x.cuda()).float().cpu(), want(x).detach()) < 0.05
 
 
 @CUDA

@@ -213,7 +213,6 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     index_max_len: the lookups' match cap for a model trained without the index (its match-length
     buckets); a model trained with the index takes its own index.max_len, and another value is refused.
     """
-    from tscale.precision import quantize_for_inference
     from tscale.train.checkpoint import load_model
 
     if batch_size < 1:
@@ -221,8 +220,7 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens {max_tokens}: must be at least 1")
     folder = TokenFolder(tokens_dir)
-    model, ck = load_model(ckpt, device)
-    quantize_for_inference(model, precision)
+    model, ck = load_model(ckpt, device, precision)
     check_same_tokenizer(ck.tokenizer_path, folder, model.cfg.vocab_size)
     uses_index = ck.index_cfg is not None
     indexes = list(indexes)

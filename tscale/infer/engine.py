@@ -135,7 +135,6 @@ class Engine:
         from, while the context's match there is at least draft_min_match tokens long and its most
         frequent continuation at least draft_dominance times as frequent as the runner-up.
         """
-        from tscale.precision import quantize_for_inference
         from tscale.train.checkpoint import load_model, open_checkpoint
 
         opened_ckpt = open_checkpoint(path)
@@ -144,8 +143,7 @@ class Engine:
         if draft_index is not None:
             drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
                                    draft_min_match, draft_dominance)
-        model, ckpt = load_model(path, device)
-        quantize_for_inference(model, precision)
+        model, ckpt = load_model(path, device, precision)
         lookups = None
         if opened is not None:
             c = ckpt.index_cfg

@@ -26,15 +26,18 @@ _MODES = {"int8-w": (torch.int8, False), "fp8-w": (torch.float8_e4m3fn, False),
 class QuantizedLinear(nn.Module):
     """Inference-only linear layer: a frozen low-precision weight (N, K) with per-output-channel scales (N, 1)."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantize_activations: bool):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantize_activations: bool,
+                 device: torch.device | str | None = None):
+        """device: where the quantised weight is made and kept (default: the linear layer's)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.quantize_activations = quantize_activations
         with torch.no_grad():
-            qweight, scale = quantize(linear.weight.detach(), dtype, -1)  # (N, K), (N, 1)
+            qweight, scale = quantize(linear.weight.detach().to(device), dtype, -1)  # (N, K), (N, 1)
+        bias = linear.bias.detach().to(device, copy=True) if linear.bias is not None else None
         self.register_buffer("qweight", qweight)
         self.register_buffer("w_scale", scale)
-        self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)
+        self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -53,11 +56,16 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.dtype}, {act}"
 
 
-def quantize_for_inference(model: nn.Module, mode: str, include=None, exclude=("wte", "lm_head")) -> list[str]:
-    """Replace the model's chosen nn.Linear modules for inference in `mode` (see the module docstring); the names."""
+def quantize_for_inference(model: nn.Module, mode: str, include=None, exclude=("wte", "lm_head"),
+                           device: torch.device | str | None = None) -> list[str]:
+    """Replace the model's chosen nn.Linear modules for inference in `mode` (see the module docstring); the names.
+
+    device: where the quantised weights go, each made there from its layer's weights in turn (default: where the
+    layers are), so that a model on the CPU converted for a GPU never has all its full-precision weights there.
+    """
     if mode not in INFER_MODES:
         raise UserError(f"--precision {mode}: expected one of {', '.join(INFER_MODES)}")
     if mode == "bf16":
         return []
     dtype, act = _MODES[mode]
-    return replace_linears(model, lambda linear: QuantizedLinear(linear, dtype, act), include, exclude)
+    return replace_linears(model, lambda linear: QuantizedLinear(linear, dtype, act, device), include, exclude)
