@@ -242,3 +242,21 @@ def test_cli_errors(ckpt, tmp_path):
     one_line_error(invoke("infer", ckpt, "--prompt", "x", "--max-new-tokens", -1), "--max-new-tokens -1")
     one_line_error(invoke("infer", ckpt, "--prompt", "x", "--stop", ""), "--stop", "empty")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_engine_keeps_bf16_linears_and_generates_as_the_autocast_model(ckpt):
+    """On a GPU the engine stores its linear weights in bf16: the logits autocast gives with float32 weights."""
+    from tscale.train.checkpoint import load_model
+
+    eng = Engine.from_checkpoint(ckpt, "cuda")
+    assert all(m.weight.dtype == torch.bfloat16 for m in eng.model.modules() if type(m) is nn.Linear)
+    model, _ = load_model(ckpt, "cuda")
+    ids = eng.encode_prompt("The tide comes in")
+    x = torch.tensor([ids], device="cuda")  # (1, P)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        want, got = model(x), eng.model(x)  # (1, P, V)
+    assert torch.equal(got, want)
+    made = list(eng.token_stream(ids, 4, SamplingParams(temperature=0.0), None))  # the cached path, bf16 weights
+    assert len(made) == 4 and all(0 <= t < model.cfg.vocab_size for t in made)

@@ -416,6 +416,20 @@ def test_greedy_generation_in_low_precision_mostly_matches(trained):
         assert same >= 0.6 * sum(len(i) for i in ids), mode
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int8-w"])
+def test_linears_stored_in_bf16_give_what_autocast_gives(trained, precision):
+    """The engine's GPU form: linear weights kept in bf16, the same logits under bf16 autocast, the embedding kept."""
+    model, _ = load_model(trained, "cpu", precision)
+    stored, _ = load_model(trained, "cpu", precision, linears_dtype=torch.bfloat16)
+    idx = torch.randint(0, model.cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = model(idx), stored(idx)
+    assert torch.equal(got, want)
+    linears = [m for m in stored.modules() if type(m) is nn.Linear]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert stored.wte.weight.dtype == torch.float32 and stored.lm_head.weight is not stored.wte.weight
+
+
 def test_eval_perplexity_of_each_mode_is_close_to_fp32(trained, tokens):
     from tscale.eval import evaluate_checkpoint
 

@@ -143,7 +143,8 @@ class Engine:
         if draft_index is not None:
             drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
                                    draft_min_match, draft_dominance)
-        model, ckpt = load_model(path, device, precision)
+        on_cuda = torch.device(device).type == "cuda"  # bf16 autocast there: linear weights stored as it casts them
+        model, ckpt = load_model(path, device, precision, linears_dtype=torch.bfloat16 if on_cuda else None)
         lookups = None
         if opened is not None:
             c = ckpt.index_cfg

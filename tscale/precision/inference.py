@@ -56,6 +56,25 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.dtype}, {act}"
 
 
+def store_linears_in(model: nn.Module, dtype: torch.dtype) -> list[str]:
+    """Keep every plain nn.Linear's weight and bias in `dtype` (frozen); the names.
+
+    For a model run under autocast to `dtype`: its products then read the weights as autocast would have cast them,
+    the same values, without casting every weight again at each call (autocast's cache lasts one context, a
+    forward pass). A weight shared with another module (a head tied to the embedding) becomes the layer's own
+    copy, so the embedding keeps its precision.
+    """
+    done = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+        if module.bias is not None:
+            module.bias = nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)
+        done.append(name)
+    return done
+
+
 def quantize_for_inference(model: nn.Module, mode: str, include=None, exclude=("wte", "lm_head"),
                            device: torch.device | str | None = None) -> list[str]:
     """Replace the model's chosen nn.Linear modules for inference in `mode` (see the module docstring); the names.

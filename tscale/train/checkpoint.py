@@ -144,19 +144,23 @@ def load_train_state(ckpt: Checkpoint) -> dict:
     return torch.load(ckpt.state_path, map_location="cpu", weights_only=True)
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu",
-               precision: str = "bf16") -> tuple[nn.Module, Checkpoint]:
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "bf16",
+               linears_dtype: torch.dtype | None = None) -> tuple[nn.Module, Checkpoint]:
     """Build the checkpoint's model, load its weights, put it in eval mode on `device`.
 
     precision: an inference mode of `--precision` (tscale.precision.inference). The model is built and loaded on
     the CPU and each converted layer is quantised on `device` in turn, so the device holds the full-precision
-    weights of one layer at a time, not the whole model's.
+    weights of one layer at a time, not the whole model's. linears_dtype: the dtype the linear layers left in full
+    precision are stored in (tscale.precision.store_linears_in; for a model run under autocast to it), before the
+    model moves to `device`.
     """
     from tscale.model import build_model
-    from tscale.precision import quantize_for_inference
+    from tscale.precision import quantize_for_inference, store_linears_in
 
     ckpt = open_checkpoint(path)
     model = build_model(ckpt.model_cfg, ckpt.index_cfg)
     load_weights(model, ckpt)
     quantize_for_inference(model, precision, device=device)
+    if linears_dtype is not None:
+        store_linears_in(model, linears_dtype)
     return model.to(device).eval(), ckpt
