@@ -31,7 +31,11 @@ from tscale.terminal import console
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations.")
-def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index_max_len, device, precision) -> None:
+@click.option("--quantize-head", is_flag=True,
+              help="Convert the head too (its own copy where it is tied to the embedding): int8 generation 1.7x "
+              "faster at 124M on a 2-core CPU; weight-only modes slower there.")
+def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index_max_len, device, precision,
+             quantize_head) -> None:
     """Score CKPT (a checkpoint folder, or a run folder for its newest checkpoint) on the val split of TOKENS."""
     if not Path(ckpt).exists():
         raise UserError(f"{ckpt}: no such checkpoint or run folder")
@@ -50,7 +54,8 @@ def eval_cmd(ckpt, tokens_dir, out, batch_size, max_tokens, plot, indexes, index
         task = progress.add_task("eval", total=None)
         result = evaluate_checkpoint(ckpt, tokens_dir, resolve_device(device, "--device"), batch_size, max_tokens,
                                      on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-                                     precision=precision, indexes=indexes, index_max_len=index_max_len)
+                                     precision=precision, indexes=indexes, index_max_len=index_max_len,
+                                     quantize_head=quantize_head)
     write_json_atomic(out, result)
     _print_table(result)
     for entry in result.get("indexes", []):

@@ -46,8 +46,12 @@ from tscale.terminal import console
 @click.option("--precision", type=click.Choice(INFER_MODES), default="bf16", show_default=True,
               help="Linear layers: as trained, int8/fp8 weights (-w), or int8/fp8 weights and activations. On a CPU "
               "int8 generates fastest and fp8 modes run about 4x slower (emulated).")
+@click.option("--quantize-head", is_flag=True,
+              help="Convert the head too (its own copy where it is tied to the embedding): int8 generation 1.7x "
+              "faster at 124M on a 2-core CPU; weight-only modes slower there.")
 def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, top_p, seed, stop, index_dir,
-          draft_index, draft_tokens, draft_min_match, draft_dominance, serve, host, port, device, precision) -> None:
+          draft_index, draft_tokens, draft_min_match, draft_dominance, serve, host, port, device, precision,
+          quantize_head) -> None:
     """Generate text with the model of CKPT (a checkpoint folder, or a run folder for its newest checkpoint)."""
     if (prompt is not None) + (prompts_file is not None) + serve != 1:
         raise UserError("give exactly one of --prompt TEXT, --prompts FILE.jsonl and --serve")
@@ -60,7 +64,7 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
 
     def load() -> Engine:
         return Engine.from_checkpoint(ckpt, resolve_device(device, "--device"), precision, index_dir, draft_index,
-                                      draft_tokens, draft_min_match, draft_dominance)
+                                      draft_tokens, draft_min_match, draft_dominance, quantize_head)
 
     def drafts(c) -> str:
         return f", {c.passes} passes, {c.accepted} of {c.drafted} draft tokens kept" if draft_index is not None else ""

@@ -430,6 +430,24 @@ def test_linears_stored_in_bf16_give_what_autocast_gives(trained, precision):
     assert stored.wte.weight.dtype == torch.float32 and stored.lm_head.weight is not stored.wte.weight
 
 
+def test_quantized_head_is_its_own_copy_and_scores_close(trained, tokens, run_cli, tmp_path):
+    """--quantize-head: the head becomes a QuantizedLinear, the embedding keeps its float32 weights."""
+    from tscale.eval import evaluate_checkpoint
+    from tscale.infer import Engine
+
+    base, _ = load_model(trained, "cpu")
+    eng = Engine.from_checkpoint(trained, "cpu", precision="int8", quantize_head=True)
+    assert isinstance(eng.model.lm_head, QuantizedLinear)
+    assert torch.equal(eng.model.wte.weight, base.wte.weight)
+    r = evaluate_checkpoint(trained, tokens, "cpu", batch_size=16, max_tokens=1500, precision="int8",
+                            quantize_head=True)
+    kept = evaluate_checkpoint(trained, tokens, "cpu", batch_size=16, max_tokens=1500, precision="int8")
+    assert r["quantize_head"] and not kept["quantize_head"]
+    assert r["perplexity"] != kept["perplexity"] and abs(r["perplexity"] / kept["perplexity"] - 1) < 0.01
+    code, out = run_cli("infer", trained, "--prompt", "x", "--quantize-head", "--device", "cpu")
+    assert code == 2 and "--quantize-head" in out and "--precision" in out and len(out.strip().splitlines()) == 1
+
+
 def test_eval_perplexity_of_each_mode_is_close_to_fp32(trained, tokens):
     from tscale.eval import evaluate_checkpoint
 

@@ -1,7 +1,7 @@
 """Benchmark: generation speed and weight memory of one checkpoint in each `--precision` mode (docs/bench/lowprec.json).
 
     python scripts/bench/infer_speed.py CKPT [--prompts 4] [--prompt-tokens 64] [--new-tokens 64] [--rounds 3]
-                                        [--device auto] [--label NAME] [--out-dir docs/bench]
+                                        [--device auto] [--label NAME] [--out-dir docs/bench] [--with-head]
 
 Every mode's engine is loaded once (`tscale infer`'s own Engine.from_checkpoint), then each round continues the same
 --prompts prompts (seeded random ids) greedily for --new-tokens tokens in every mode, the modes' order turning from
@@ -9,7 +9,7 @@ round to round; an untimed round first warms them all. Per mode, the median roun
 first, over their time) and time to the first token (the prompt's forward pass), and the bytes of the model's
 weights and buffers. Merges into docs/bench/lowprec.json (part "generation <label>"): gen_<label>_tokens_per_s_<mode>,
 gen_<label>_first_token_ms_<mode>, gen_<label>_weight_mb_<mode> and gen_<label>_speedup_<mode> (decoding rate over
-the as-trained one's).
+the as-trained one's); with --with-head each low-precision mode again with the head converted (mode+head, suffix _head).
 """
 
 import argparse
@@ -56,13 +56,17 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=list(INFER_MODES), choices=INFER_MODES)
+    ap.add_argument("--with-head", action="store_true",
+                    help="also time each low-precision mode with the head converted (--quantize-head): mode+head")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--label", default="ckpt", help="name of this checkpoint and device in the metric names")
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
     device = resolve_device(args.device)
     modes = ["bf16", *[m for m in args.modes if m != "bf16"]]
-    engines = {m: Engine.from_checkpoint(args.ckpt, device, m) for m in modes}
+    modes += [f"{m}+head" for m in modes[1:]] if args.with_head else []
+    engines = {m: Engine.from_checkpoint(args.ckpt, device, m.removesuffix("+head"), quantize_head=m.endswith("+head"))
+               for m in modes}
     vocab = engines["bf16"].tokenizer.get_vocab_size()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
@@ -72,19 +76,19 @@ def main() -> None:
     for r in range(args.rounds):
         for m in modes[r % len(modes):] + modes[:r % len(modes)]:
             runs[m].append(timed(engines[m], prompts, args.new_tokens))
-            print(f"round {r + 1} {m:7s} {runs[m][-1][0]:8.1f} tokens/s  first token {1e3 * runs[m][-1][1]:7.1f} ms",
+            print(f"round {r + 1} {m:11s} {runs[m][-1][0]:8.1f} tokens/s  first token {1e3 * runs[m][-1][1]:7.1f} ms",
                   flush=True)
     metrics, label = {}, args.label
     base = statistics.median(rate for rate, _ in runs["bf16"])
     for m in modes:
-        key = m.replace("-", "_")
+        key = m.replace("-", "_").replace("+", "_")
         rate = statistics.median(rate for rate, _ in runs[m])
         metrics[f"gen_{label}_tokens_per_s_{key}"] = round(rate, 2)
         metrics[f"gen_{label}_first_token_ms_{key}"] = round(1e3 * statistics.median(f for _, f in runs[m]), 2)
         metrics[f"gen_{label}_weight_mb_{key}"] = round(model_bytes(engines[m]) / 2**20, 1)
         if m != "bf16":
             metrics[f"gen_{label}_speedup_{key}"] = round(rate / base, 4)
-        print(f"{m:7s} {rate:8.1f} tokens/s ({rate / base:.2f}x)  {model_bytes(engines[m]) / 2**20:8.1f} MiB")
+        print(f"{m:11s} {rate:8.1f} tokens/s ({rate / base:.2f}x)  {model_bytes(engines[m]) / 2**20:8.1f} MiB")
     note = (f"generation {label} (infer_speed.py): checkpoint {args.ckpt}, device {device}, {args.prompts} random "
             f"prompts of {args.prompt_tokens} tokens continued greedily for {args.new_tokens} tokens, "
             f"{args.rounds} rounds (the median counts); tokens_per_s = decoding after the first token, first_token_ms = "

@@ -205,10 +205,12 @@ def run_dir_of(ckpt: str | os.PathLike) -> Path | None:
 def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, device: torch.device | str = "cpu",
                         batch_size: int = 8, max_tokens: int | None = None,
                         on_progress: Callable[[int, int], None] | None = None, precision: str = "bf16",
-                        indexes: list[str | os.PathLike] = (), index_max_len: int | None = None) -> dict:
+                        indexes: list[str | os.PathLike] = (), index_max_len: int | None = None,
+                        quantize_head: bool = False) -> dict:
     """Load CKPT (checkpoint or run folder), check the tokenizer, score the val split: the eval.json record.
 
-    precision: "bf16" (as trained) or a low-precision inference mode of tscale.precision.INFER_MODES.
+    precision: "bf16" (as trained) or a low-precision inference mode of tscale.precision.INFER_MODES;
+    quantize_head: that mode for the head too.
     indexes: index folders to score against, one pass each (see the module docstring).
     index_max_len: the lookups' match cap for a model trained without the index (its match-length
     buckets); a model trained with the index takes its own index.max_len, and another value is refused.
@@ -220,13 +222,13 @@ def evaluate_checkpoint(ckpt: str | os.PathLike, tokens_dir: str | os.PathLike, 
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens {max_tokens}: must be at least 1")
     folder = TokenFolder(tokens_dir)
-    model, ck = load_model(ckpt, device, precision)
+    model, ck = load_model(ckpt, device, precision, quantize_head=quantize_head)
     check_same_tokenizer(ck.tokenizer_path, folder, model.cfg.vocab_size)
     uses_index = ck.index_cfg is not None
     indexes = list(indexes)
     check_index_use(ck.path, uses_index, indexes)
     head = {"checkpoint": str(ck.path), "step": ck.step, "tokens_dir": str(folder.path), "max_tokens": max_tokens,
-            "precision": precision, "model_uses_index": uses_index}
+            "precision": precision, "quantize_head": quantize_head, "model_uses_index": uses_index}
     if not indexes:
         return {**head, **evaluate(model, folder, device, batch_size, max_tokens, on_progress)}
     topk = ck.index_cfg.topk if uses_index else 1

@@ -127,9 +127,10 @@ class Engine:
     def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
                         precision: str = "bf16", index: str | os.PathLike | None = None,
                         draft_index: str | os.PathLike | None = None, draft_tokens: int = 8,
-                        draft_min_match: int = 4, draft_dominance: float = 4.0) -> "Engine":
+                        draft_min_match: int = 4, draft_dominance: float = 4.0, quantize_head: bool = False) -> "Engine":
         """precision: "bf16" (as trained), or int8 / fp8 weights ("int8-w", "fp8-w") and activations ("int8", "fp8").
 
+        quantize_head: convert the head too (tscale.train.checkpoint.load_model).
         index: the index folder a model trained with the token index looks its contexts up in.
         draft_index: an index (of the model's tokenizer) to draft up to draft_tokens tokens a pass
         from, while the context's match there is at least draft_min_match tokens long and its most
@@ -144,7 +145,8 @@ class Engine:
             drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
                                    draft_min_match, draft_dominance)
         on_cuda = torch.device(device).type == "cuda"  # bf16 autocast there: linear weights stored as it casts them
-        model, ckpt = load_model(path, device, precision, linears_dtype=torch.bfloat16 if on_cuda else None)
+        model, ckpt = load_model(path, device, precision, linears_dtype=torch.bfloat16 if on_cuda else None,
+                                 quantize_head=quantize_head)
         lookups = None
         if opened is not None:
             c = ckpt.index_cfg

@@ -145,22 +145,26 @@ def load_train_state(ckpt: Checkpoint) -> dict:
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "bf16",
-               linears_dtype: torch.dtype | None = None) -> tuple[nn.Module, Checkpoint]:
+               linears_dtype: torch.dtype | None = None, quantize_head: bool = False) -> tuple[nn.Module, Checkpoint]:
     """Build the checkpoint's model, load its weights, put it in eval mode on `device`.
 
     precision: an inference mode of `--precision` (tscale.precision.inference). The model is built and loaded on
     the CPU and each converted layer is quantised on `device` in turn, so the device holds the full-precision
-    weights of one layer at a time, not the whole model's. linears_dtype: the dtype the linear layers left in full
+    weights of one layer at a time, not the whole model's. quantize_head: convert the head as well (a head tied to
+    the embedding gets its own quantised copy; the embedding stays as trained). linears_dtype: the dtype the linear layers left in full
     precision are stored in (tscale.precision.store_linears_in; for a model run under autocast to it), before the
     model moves to `device`.
     """
     from tscale.model import build_model
     from tscale.precision import quantize_for_inference, store_linears_in
 
+    if quantize_head and precision == "bf16":
+        raise UserError("--quantize-head: goes with --precision int8-w, fp8-w, int8 or fp8 (bf16 keeps every layer "
+                        "as trained)")
     ckpt = open_checkpoint(path)
     model = build_model(ckpt.model_cfg, ckpt.index_cfg)
     load_weights(model, ckpt)
-    quantize_for_inference(model, precision, device=device)
+    quantize_for_inference(model, precision, exclude=("wte",) if quantize_head else ("wte", "lm_head"), device=device)
     if linears_dtype is not None:
         store_linears_in(model, linears_dtype)
     return model.to(device).eval(), ckpt
