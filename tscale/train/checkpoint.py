@@ -150,10 +150,11 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", prec
 
     precision: an inference mode of `--precision` (tscale.precision.inference). The model is built and loaded on
     the CPU and each converted layer is quantised on `device` in turn, so the device holds the full-precision
-    weights of one layer at a time, not the whole model's. quantize_head: convert the head as well (a head tied to
-    the embedding gets its own quantised copy; the embedding stays as trained). linears_dtype: the dtype the linear layers left in full
-    precision are stored in (tscale.precision.store_linears_in; for a model run under autocast to it), before the
-    model moves to `device`.
+    weights of one layer at a time, not the whole model's.
+    quantize_head: convert the head as well (a head tied to the embedding gets its own quantised copy; the
+    embedding stays as trained).
+    linears_dtype: the dtype the linear layers left in full precision are stored in (tscale.precision.
+    store_linears_in; for a model run under autocast to it), before the model moves to `device`.
     """
     from tscale.model import build_model
     from tscale.precision import quantize_for_inference, store_linears_in
