@@ -107,6 +107,11 @@ def open_index_of_tokenizer(ckpt, index_path: str | os.PathLike, option: str) ->
     return index
 
 
+def autocast_dtype(device: torch.device | str) -> torch.dtype | None:
+    """The dtype the engine runs a model in under autocast on `device`: bf16 on a GPU; none (float32) on a CPU."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else None
+
+
 class Engine:
     """A model in eval mode, its tokenizer and device: turns prompts into completions."""
 
@@ -119,9 +124,9 @@ class Engine:
         self.device = torch.device(device)
         self.eos = eos_id(tokenizer)
         self.seq_len: int = model.cfg.seq_len
-        on_cuda = self.device.type == "cuda"
-        self.cache_dtype = torch.bfloat16 if on_cuda else torch.float32
-        self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else contextlib.nullcontext
+        dtype = autocast_dtype(self.device)
+        self.cache_dtype = dtype or torch.float32
+        self._autocast = (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: torch.device | str = "cpu",
@@ -144,8 +149,8 @@ class Engine:
         if draft_index is not None:
             drafter = IndexDrafter(open_index_of_tokenizer(opened_ckpt, draft_index, "--draft-index"), draft_tokens,
                                    draft_min_match, draft_dominance)
-        on_cuda = torch.device(device).type == "cuda"  # bf16 autocast there: linear weights stored as it casts them
-        model, ckpt = load_model(path, device, precision, linears_dtype=torch.bfloat16 if on_cuda else None,
+        # linear weights stored as the engine's autocast casts them
+        model, ckpt = load_model(path, device, precision, linears_dtype=autocast_dtype(device),
                                  quantize_head=quantize_head)
         lookups = None
         if opened is not None:
