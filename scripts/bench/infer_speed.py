@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, merge_metrics  # noqa: E402
+from precision_modes import metric_key, modes_to_run, precision_of  # noqa: E402
 
 from tscale.devices import resolve_device  # noqa: E402
 from tscale.infer import Engine, SamplingParams  # noqa: E402
@@ -63,10 +64,11 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=REPO / "docs" / "bench")
     args = ap.parse_args()
     device = resolve_device(args.device)
-    modes = ["bf16", *[m for m in args.modes if m != "bf16"]]
-    modes += [f"{m}+head" for m in modes[1:]] if args.with_head else []
-    engines = {m: Engine.from_checkpoint(args.ckpt, device, m.removesuffix("+head"), quantize_head=m.endswith("+head"))
-               for m in modes}
+    modes = modes_to_run(args.modes, args.with_head)
+    engines = {}
+    for m in modes:
+        precision, quantize_head = precision_of(m)
+        engines[m] = Engine.from_checkpoint(args.ckpt, device, precision, quantize_head=quantize_head)
     vocab = engines["bf16"].tokenizer.get_vocab_size()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
@@ -81,14 +83,15 @@ def main() -> None:
     metrics, label = {}, args.label
     base = statistics.median(rate for rate, _ in runs["bf16"])
     for m in modes:
-        key = m.replace("-", "_").replace("+", "_")
+        key = metric_key(m)
         rate = statistics.median(rate for rate, _ in runs[m])
+        mib = model_bytes(engines[m]) / 2**20
         metrics[f"gen_{label}_tokens_per_s_{key}"] = round(rate, 2)
         metrics[f"gen_{label}_first_token_ms_{key}"] = round(1e3 * statistics.median(f for _, f in runs[m]), 2)
-        metrics[f"gen_{label}_weight_mb_{key}"] = round(model_bytes(engines[m]) / 2**20, 1)
+        metrics[f"gen_{label}_weight_mb_{key}"] = round(mib, 1)
         if m != "bf16":
             metrics[f"gen_{label}_speedup_{key}"] = round(rate / base, 4)
-        print(f"{m:11s} {rate:8.1f} tokens/s ({rate / base:.2f}x)  {model_bytes(engines[m]) / 2**20:8.1f} MiB")
+        print(f"{m:11s} {rate:8.1f} tokens/s ({rate / base:.2f}x)  {mib:8.1f} MiB")
     note = (f"generation {label} (infer_speed.py): checkpoint {args.ckpt}, device {device}, {args.prompts} random "
             f"prompts of {args.prompt_tokens} tokens continued greedily for {args.new_tokens} tokens, "
             f"{args.rounds} rounds (the median counts); tokens_per_s = decoding after the first token, first_token_ms = "

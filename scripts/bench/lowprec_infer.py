@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, merge_metrics  # noqa: E402
+from precision_modes import metric_key, modes_to_run, precision_of  # noqa: E402
 
 from tscale.devices import resolve_device  # noqa: E402
 from tscale.eval.perplexity import evaluate_checkpoint  # noqa: E402
-from tscale.precision import INFER_MODES  # noqa: E402
 
 
 def main() -> None:
@@ -36,20 +36,19 @@ def main() -> None:
                     help="also score each low-precision mode with the head converted (--quantize-head): mode+head")
     args = ap.parse_args()
     device = resolve_device(args.device)
-    modes = ["bf16", *[m for m in INFER_MODES if m != "bf16"]]
-    modes += [f"{m}+head" for m in modes[1:]] if args.with_head else []
     metrics, rows = {}, []
-    for mode in modes:
+    for mode in modes_to_run(with_head=args.with_head):
         t0 = time.time()
+        precision, quantize_head = precision_of(mode)
         record = evaluate_checkpoint(args.ckpt, args.tokens, device, max_tokens=args.max_tokens,
-                                     precision=mode.removesuffix("+head"), quantize_head=mode.endswith("+head"))
-        metrics[f"infer_{args.label}_ppl_{mode.replace('-', '_').replace('+', '_')}"] = round(record["perplexity"], 4)
+                                     precision=precision, quantize_head=quantize_head)
+        metrics[f"infer_{args.label}_ppl_{metric_key(mode)}"] = round(record["perplexity"], 4)
         rows.append((mode, record["val_loss"], record["perplexity"], time.time() - t0))
         print(f"{mode:11s} loss {record['val_loss']:.5f}  ppl {record['perplexity']:.3f}  ({time.time() - t0:.0f} s)",
               flush=True)
     base = rows[0][2]
     for mode, _, ppl, _ in rows[1:]:
-        metrics[f"infer_{args.label}_ppl_rel_diff_{mode.replace('-', '_').replace('+', '_')}"] = round(ppl / base - 1, 6)
+        metrics[f"infer_{args.label}_ppl_rel_diff_{metric_key(mode)}"] = round(ppl / base - 1, 6)
     note = (f"inference {args.label} (lowprec_infer.py): checkpoint {args.ckpt} (step {record['step']}), val split of "
             f"{args.tokens.name}, {record['val_tokens']:,} tokens, device {device}; perplexity per inference mode "
             f"(the same tokens each), rel_diff = ppl / ppl of bf16 (as trained) - 1")

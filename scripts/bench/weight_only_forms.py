@@ -18,7 +18,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, merge_metrics  # noqa: E402
+from common import REPO, merge_metrics, time_per_call  # noqa: E402
 
 from tscale.devices import resolve_device  # noqa: E402
 from tscale.precision import quantize_for_inference  # noqa: E402
@@ -79,18 +78,12 @@ def main() -> None:
     except (RuntimeError, NotImplementedError) as e:
         print(f"int8pack: not run ({str(e).splitlines()[0][:100]})")
         del forms["int8pack"]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in forms}
     for name, f in forms.items():  # warm-up
         f()
     for _ in range(args.rounds):
         for name, f in forms.items():
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                f()
-            sync()
-            times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
+            times[name].append(time_per_call(f, device, args.calls, warmup=0) * 1e6)
     metrics = {}
     for name, ts in times.items():
         metrics[f"wo_{args.label}_us_{name}"] = round(statistics.median(ts), 1)
