@@ -59,7 +59,8 @@ def infer(ckpt, prompt, prompts_file, out, max_new_tokens, temperature, top_k, t
         raise UserError("--prompts needs --out FILE.jsonl for the completions")
     if prompt is not None and out is not None:
         raise UserError("--out goes with --prompts; a single --prompt streams to stdout")
-    params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed).check(spell=flag_name)
+    params = GenerationParams(max_new_tokens, SamplingParams(temperature, top_k, top_p), tuple(stop), seed)
+    params.check(spell=flag_name)
     err = console(stderr=True)
 
     def load() -> Engine:
